@@ -1,0 +1,27 @@
+"""tinyrl: memory-frugal LoRA/QLoRA GRPO on one GPU or a CPU.
+
+    import tinyrl
+    run = tinyrl.train("tiny_grpo_cpu", **{"train.steps": 20})
+
+`import tinyrl` stays light: torch/transformers load when a run starts, and vllm,
+unsloth and triton only when a config asks for them.
+"""
+
+__version__ = "0.1.0"
+
+
+def train(preset=None, profile=None, resume=None, **overrides):
+    """Run a preset (shipped name or YAML path) with dotted overrides; returns the Run."""
+    from tinyrl.api import train as _train
+
+    return _train(preset, profile=profile, resume=resume, **overrides)
+
+
+def evaluate(preset=None, adapter=None, **overrides):
+    """Held-out pass@1 (greedy) of the preset's model, optionally with a trained adapter."""
+    from tinyrl.api import evaluate as _evaluate
+
+    return _evaluate(preset, adapter=adapter, **overrides)
+
+
+__all__ = ["train", "evaluate", "__version__"]

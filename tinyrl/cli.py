@@ -1,0 +1,108 @@
+"""`tinyrl train|eval|presets` — the command line. Every user-facing failure becomes one clear
+paragraph on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _friendly_errors() -> tuple[type, ...]:
+    from tinyrl.checkpoint import ResumeError
+    from tinyrl.config import ConfigError
+    from tinyrl.model import ModelLoadError
+    from tinyrl.rewards.core import RewardImportError
+
+    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, FileNotFoundError)
+
+
+OOM_HELP = ("out of memory. Turn these knobs down: rollout.num_generations (group size), "
+            "train.micro_batch_size, rollout.max_new_tokens, train.prompts_per_step, and for vLLM "
+            "rollout.gpu_memory_utilization; or load the base in 4-bit (model.load_in_4bit=true).")
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    preset = None
+    overrides = []
+    for a in args:
+        if "=" in a:
+            overrides.append(a)
+        elif preset is None:
+            preset = a
+        else:
+            raise SystemExit(f"tinyrl: unexpected argument {a!r}; overrides look like section.field=value")
+    return preset, overrides
+
+
+def cmd_train(ns) -> int:
+    from tinyrl.api import train
+    from tinyrl.config import parse_override
+
+    preset, overrides = _split(ns.args)
+    kv = {".".join(k): v for k, v in map(parse_override, overrides)}
+    run = train(preset, profile=ns.profile, resume=ns.resume, **kv)
+    print(f"\nrun folder: {run.path}")
+    if run.interrupted:
+        print(f"interrupted; continue with: tinyrl train --resume {run.path}")
+        return 130
+    if run.eval_before is not None or run.eval_after is not None:
+        fmt = lambda x: "  n/a" if x is None else f"{100 * x:5.1f}%"  # noqa: E731
+        print("held-out accuracy (greedy pass@1)")
+        print(f"  before  {fmt(run.eval_before)}\n  after   {fmt(run.eval_after)}")
+        if run.eval_before is not None and run.eval_after is not None:
+            print(f"  change  {100 * (run.eval_after - run.eval_before):+5.1f} points")
+    if run.alarms:
+        print(f"alarms: {', '.join(sorted({a['name'] for a in run.alarms}))} (see {run.path / 'alarms.jsonl'})")
+    return 0
+
+
+def cmd_presets(ns) -> int:
+    from tinyrl.config import DEFAULT_PRESET, list_presets
+
+    for name, desc in list_presets().items():
+        mark = " (default)" if name == DEFAULT_PRESET else ""
+        print(f"{name}{mark}\n    {desc}")
+    return 0
+
+
+def cmd_eval(ns) -> int:
+    from tinyrl.api import evaluate
+    from tinyrl.config import parse_override
+
+    kv = {".".join(k): v for k, v in map(parse_override, ns.overrides)}
+    acc = evaluate(ns.preset, adapter=ns.adapter, **kv)
+    print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tinyrl", description="GRPO with LoRA/QLoRA on one GPU or a CPU.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a preset (default: the embedded tiny model)")
+    t.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
+    t.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    t.set_defaults(fn=cmd_train)
+    sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
+    e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
+    e.add_argument("preset", nargs="?")
+    e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
+    e.add_argument("overrides", nargs="*")
+    e.set_defaults(fn=cmd_eval)
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return ns.fn(ns)
+    except _friendly_errors() as e:
+        print(f"tinyrl: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if "out of memory" in str(e).lower():
+            print(f"tinyrl: error: {OOM_HELP}\n({e})", file=sys.stderr)
+            return 3
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
