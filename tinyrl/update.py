@@ -99,7 +99,7 @@ def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, 
             finite = False
             break
         out.loss.backward()
-        loss_total += float(out.loss)
+        loss_total += float(out.loss.detach())
         logprobs[rows] = out.logprobs.detach().float().cpu()
         entropy[rows] = out.entropy.float().cpu()
         w = out.stats.get("tokens", 0.0)
