@@ -1,0 +1,39 @@
+"""Shared fixtures: a tiny random Llama with a char-level tokenizer, built once per session.
+
+Nothing here downloads: the model is made from a LlamaConfig and a `tokenizers` WordLevel
+vocabulary of the arithmetic task's characters.
+"""
+
+import pytest
+import torch
+
+
+def make_tiny_model(path, hidden=64, layers=2, seed=0):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for c in "0123456789+=\n":
+        vocab[c] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", padding_side="left")
+    tok.save_pretrained(path)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-random"))
+
+
+@pytest.fixture
+def run_root(tmp_path):
+    return str(tmp_path / "runs")

@@ -1,0 +1,99 @@
+"""Training steps on a tiny random model: what changes, what must not, and failures survived."""
+
+import json
+
+import pytest
+import torch
+
+from tinyrl.api import build_trainer, train
+
+
+def small(tiny_model_dir, run_root, **extra):
+    o = {"model.name": tiny_model_dir, "log.run_dir": run_root, "log.progress": False,
+         "train.steps": 2, "train.prompts_per_step": 4, "rollout.num_generations": 4,
+         "train.micro_batch_size": 8, "rollout.max_new_tokens": 4, "data.num_train": 64,
+         "data.num_eval": 8, "train.lr": 1e-2}
+    o.update(extra)
+    return o
+
+
+def lora_and_base(model):
+    lora = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    return lora, base
+
+
+def reward_by_length(prompts, completions, **kw):
+    """A dense reward so every group has non-zero advantages."""
+    return [float(len(c)) for c in completions]
+
+
+def test_step_changes_lora_and_never_the_base(tiny_model_dir, run_root):
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "reward.functions": [f"{__name__}:reward_by_length"], "train.eval_before_after": False}))
+    lora0, base0 = lora_and_base(t.model)
+    assert all(not p.requires_grad for n, p in t.model.named_parameters() if "lora_" not in n)
+    metrics, _ = t.train_step()
+    lora1, base1 = lora_and_base(t.model)
+    assert any(not torch.equal(lora0[n], lora1[n]) for n in lora0)
+    assert all(torch.equal(base0[n], base1[n]) for n in base0)
+    assert metrics["grad_norm"] > 0 and not metrics["skipped_nonfinite"]
+
+
+def test_qlora_4bit_step_on_cpu_trains_the_adapter(tiny_model_dir, run_root):
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "model.load_in_4bit": True, "reward.functions": [f"{__name__}:reward_by_length"],
+        "train.eval_before_after": False}))
+    import bitsandbytes as bnb
+
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in t.model.modules())
+    lora0, _ = lora_and_base(t.model)
+    t.train_step()
+    lora1, _ = lora_and_base(t.model)
+    assert any(not torch.equal(lora0[n], lora1[n]) for n in lora0)
+
+
+def crashing_reward(prompts, completions, **kw):
+    raise ValueError("grader exploded")
+
+
+def test_a_raising_reward_does_not_stop_the_run(tiny_model_dir, run_root):
+    run = train(**small(tiny_model_dir, run_root, **{
+        "reward.functions": [f"{__name__}:reward_by_length", f"{__name__}:crashing_reward"]}))
+    assert len(run.metrics) == 2
+    assert all(m["reward_failures"] == 16 for m in run.metrics)  # every sample, every step
+    summary = json.loads((run.path / "summary.json").read_text())
+    assert summary["reward_failures"]["crashing_reward"] == 32
+    assert (run.path / "adapter" / "adapter_model.safetensors").exists()
+
+
+def infinite_reward(prompts, completions, **kw):
+    return [float("inf")] + [0.0] * (len(completions) - 1)
+
+
+def test_non_finite_step_is_skipped_and_reported(tiny_model_dir, run_root):
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "reward.functions": [f"{__name__}:infinite_reward"], "train.eval_before_after": False}))
+    lora0, _ = lora_and_base(t.model)
+    metrics, _ = t.train_step()
+    lora1, _ = lora_and_base(t.model)
+    assert metrics["skipped_nonfinite"] and metrics["skipped_steps_total"] == 1
+    assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)  # weights untouched
+    alarms = t.monitor.update(t.step, metrics)
+    assert any(a.name == "gradient_explosion" and "skipped" in a.evidence for a in alarms)
+
+
+def test_run_folder_contents(tiny_model_dir, run_root):
+    run = train(**small(tiny_model_dir, run_root))
+    files = {p.name for p in run.path.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "samples.jsonl", "adapter", "checkpoints", "summary.json"} <= files
+    lines = (run.path / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "reward_std", "reward/task", "loss", "entropy", "clip_frac", "completion_len",
+                "grad_norm", "step_time", "tokens_per_s", "rollout_trainer_k3"):
+        assert key in rows[0], key
+    assert rows[0]["rollout_trainer_maxdiff"] < 1e-3  # the engine samples from the trained weights
+    samples = [json.loads(x) for x in (run.path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
+    assert run.eval_before is not None and run.eval_after is not None
