@@ -195,6 +195,7 @@ class LogConfig:
     name: Optional[str] = None  # run folder name; default: preset name + timestamp
     samples_per_step: int = 4  # completions written to samples.jsonl each step
     progress: bool = True
+    track_likelihood: bool = True  # re-score positive-advantage responses after the update (LLD monitor)
 
 
 @dataclass

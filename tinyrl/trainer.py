@@ -108,6 +108,8 @@ class Trainer:
                 for alarm in self.monitor.update(self.step, metrics):
                     alarms_out.write(alarm.__dict__)
                     log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
+                    if alarm.fatal:
+                        raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.3g}")
@@ -154,10 +156,11 @@ class Trainer:
                 first = res
                 batch.old_logprobs = res.logprobs  # fixed for the later passes over this batch
             self.skipped_steps += res.skipped
+        likelihood = self._likelihood_change(batch, first) if cfg.log.track_likelihood else {}
         self.engine.sync(self.model)  # 7
         self.step += 1
         dt = time.perf_counter() - t0
-        metrics = self._metrics(batch, first, roll_stats, dt, t_gen)
+        metrics = self._metrics(batch, first, {**roll_stats, **likelihood}, dt, t_gen)
         return metrics, self._samples(batch)
 
     # ------------------------------------------------------------------ phases
@@ -216,6 +219,23 @@ class Trainer:
 
     def evaluate(self) -> float:
         return accuracy(self.engine, self.eval_rows, self.task, self.sampling)
+
+    def _likelihood_change(self, batch: Rollouts, first) -> dict:
+        """Re-score the positive-advantage responses after the update: did their likelihood rise?"""
+        m = batch.completion_mask.float()
+        adv = batch.advantages if batch.advantages.dim() == 1 else (batch.advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
+        pos = torch.nonzero(adv > 0).squeeze(-1)
+        if pos.numel() == 0:
+            return {}
+        sub = batch.select(pos)
+        new = score_logprobs(self.model, sub, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
+                             self.cfg.algo.chunk_size, self.cfg.algo.loss_impl)
+        mp = m[pos]
+        old = first.logprobs[pos]
+        delta = ((new - old) * mp).sum(-1)  # per response, change of its total log-likelihood
+        return {"logp_pos_mean": float((old * mp).sum() / mp.sum().clamp(min=1)),
+                "logp_pos_delta": float(delta.sum() / mp.sum().clamp(min=1)),  # per token
+                "frac_pos_delta_nonpos": float((delta <= 0).float().mean())}
 
     # ------------------------------------------------------------------ logging
 
