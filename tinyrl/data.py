@@ -52,11 +52,14 @@ class PromptSource:
         self.rows = rows
         self.seed = seed
         self.position = 0  # rows handed out so far
+        self._cached: tuple[int, list[int]] = (-1, [])
 
     def _order(self, epoch: int) -> list[int]:
-        idx = list(range(len(self.rows)))
-        random.Random(self.seed * 7919 + epoch).shuffle(idx)
-        return idx
+        if self._cached[0] != epoch:
+            idx = list(range(len(self.rows)))
+            random.Random(self.seed * 7919 + epoch).shuffle(idx)
+            self._cached = (epoch, idx)
+        return self._cached[1]
 
     def next_batch(self, k: int) -> list[dict]:
         out = []
