@@ -1,0 +1,322 @@
+"""The code sandbox: correct code passes; every attack scores 0 and leaves the host untouched."""
+
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tinyrl.rewards.code import code_tests_reward, extract_code
+from tinyrl.rewards.sandbox import Limits, parse_tests, run_tests
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox uses Linux rlimits and namespaces")
+
+FAST = Limits(cpu_s=1, wall_s=3, memory_mb=256, nproc=4)
+LOOP = Limits(cpu_s=1, wall_s=1.2, memory_mb=256, nproc=4)  # for code that never ends
+TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, 20) == 30"]
+GOOD = "def add(a, b):\n    return a + b\n"
+
+
+def uid_processes(uid: int) -> list[int]:
+    """Host pids whose real uid is `uid` (the sandbox's fresh uid when we run as root)."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/status") as f:
+                    if any(ln.startswith("Uid:") and int(ln.split()[1]) == uid for ln in f):
+                        pids.append(int(p))
+            except OSError:
+                pass
+    return pids
+
+
+def run(code, tests=TESTS, **kw):
+    r = run_tests(code, tests, limits=kw.pop("limits", FAST), **kw)
+    if os.geteuid() == 0:  # nothing of the sandbox survives the run
+        assert uid_processes(r.isolation.get("uid", -1)) == []
+    return r
+
+
+# --- what should pass -------------------------------------------------------------------------
+
+def test_correct_code_passes_and_partial_credit():
+    r = run(GOOD + "print('hello')\n")
+    assert r.status == "ok" and r.passed == [True, True, True] and r.score == 1.0
+    assert r.output == "hello\n"
+    r = run("def add(a, b):\n    return a + b if a < 5 else 0\n")
+    assert r.passed == [True, True, False] and r.score == pytest.approx(2 / 3)
+
+
+def test_isolation_is_reported_and_holds():
+    code = ("import os, resource\n"
+            "print(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], resource.getrlimit(resource.RLIMIT_AS)[0])\n"
+            + GOOD)
+    r = run(code)
+    uid, nproc, mem = (int(x) for x in r.output.split())
+    assert nproc == 4 and mem == 256 << 20
+    if os.geteuid() == 0:
+        assert uid != 0 and uid == r.isolation["uid"]
+    if not r.isolation.get("net"):
+        pytest.skip(f"no network namespace here: {r.isolation}")
+    assert r.isolation["mount"] and r.isolation["pid"]
+
+
+def test_humaneval_check_and_stdin_stdout_cases():
+    check = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(0, 0) == 0\n\ncheck(add)\n"
+    assert run(GOOD, check, entry_point="add").passed == [True, True]
+    assert run(GOOD, check).passed == [True, True]  # entry point read from `check(add)`
+    assert parse_tests(check)[1][0].src == "add(2, 3)"  # the expected 5 stays in the host
+    io_cases = [{"input": "2 3\n", "output": "5\n"}, {"input": "4 4\n", "output": "8"}]
+    script = "a, b = map(int, input().split())\nprint(a + b)\n"
+    assert run(script, io_cases).passed == [True, True]
+    assert run("print(int(input().split()[0]) * 2)\n", io_cases).passed == [False, True]
+    apps = '{"inputs": ["1 2\\n", "5 5\\n"], "outputs": ["3\\n", "10\\n"]}'  # APPS' JSON column
+    assert run(script, apps).passed == [True, True]
+
+
+def test_parse_tests_keeps_literals_in_the_host():
+    steps, checks = parse_tests("from math import isclose\nassert add(1, 2) == 3\nassert 3 == add(1, 2)\n"
+                                "assert isclose(add(0.1, 0.2), 0.3)\nfor i in range(3):\n    assert add(i, 0) == i\n")
+    assert [c.kind for c in checks] == ["equal", "equal", "truthy", "run"]
+    assert parse_tests(["assert True", "assert add(1, 1) == 2"])[1][0].src == "add(1, 1)"  # no free credit
+    assert [c.expected for c in checks[:2]] == [3, 3]
+    assert [s["src"] for s in steps[1:3]] == ["add(1, 2)", "add(1, 2)"]  # the sandbox never sees the 3
+    assert steps[0] == {"kind": "exec", "src": "from math import isclose"}
+
+
+# --- the adversarial suite: each scores 0 and leaves the host untouched -----------------------
+
+def assert_zero(r, *statuses):
+    assert r.score == 0.0, r
+    if statuses:
+        assert r.status in statuses, r
+
+
+def test_infinite_loops_are_cut_off():
+    t0 = time.monotonic()
+    assert_zero(run("while True:\n    pass\n" + GOOD, limits=LOOP), "crashed", "timeout")  # CPU limit
+    assert_zero(run("import time\ntime.sleep(1000)\n" + GOOD, limits=LOOP), "timeout")  # wall limit
+    assert_zero(run("def add(a, b):\n    while True:\n        pass\n", limits=LOOP), "crashed", "timeout")
+    assert time.monotonic() - t0 < 15
+
+
+def test_fork_bomb():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + GOOD
+    t0 = time.monotonic()
+    assert_zero(run(bomb, limits=LOOP), "crashed", "timeout")
+    counted = run("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+                  "            time.sleep(60)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+                  "print(n)\n" + GOOD)
+    assert int(counted.output) <= 3  # RLIMIT_NPROC = 4 holds (the worker is one); the sleepers are gone
+    daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
+              "def add(a, b):\n    return a - b\n")
+    assert_zero(run(daemon))  # a daemonised child does not outlive the run (run() checks the uid)
+    assert time.monotonic() - t0 < 25
+
+
+def test_memory_bombs():
+    t0 = time.monotonic()
+    assert_zero(run("x = bytearray(1 << 36)\n" + GOOD), "load_error")
+    assert_zero(run("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))\n" + GOOD))
+    assert_zero(run("def add(a, b):\n    return len([0] * (1 << 33))\n"))
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.fixture
+def host_files(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the hidden answer is 1234")
+    secret.chmod(0o644)  # readable by anyone who can reach it
+    before = sorted(os.listdir(tmp_path))
+    yield tmp_path, victim, secret
+    assert victim.read_text() == "original" and secret.exists()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_writing_or_deleting_outside_its_temp_dir(host_files):
+    tmp_path, victim, _ = host_files
+    attacks = [
+        f"open({str(victim)!r}, 'w').write('pwned')\n",
+        f"import os\nos.remove({str(victim)!r})\n",
+        f"open({str(tmp_path / 'new.txt')!r}, 'w').write('x')\n",
+        f"import shutil\nshutil.rmtree({str(tmp_path)!r})\n",
+        f"open({os.path.join(os.getcwd(), 'sandbox_was_here.txt')!r}, 'w').write('x')\n",
+        "open('/var/tmp/sandbox_was_here.txt', 'w').write('x')\n",
+    ]
+    for attack in attacks:
+        assert_zero(run(attack + GOOD), "load_error")
+    assert not os.path.exists(os.path.join(os.getcwd(), "sandbox_was_here.txt"))
+    assert not os.path.exists("/var/tmp/sandbox_was_here.txt")
+    # its own temp dir works, and is gone afterwards
+    r = run("import os\nopen('scratch.txt', 'w').write('ok')\nprint(os.getcwd())\n" + GOOD)
+    assert r.score == 1.0
+    if r.output.strip() != "/tmp":  # no mount namespace: a host temp dir, removed after the run
+        assert not os.path.exists(r.output.strip())
+
+
+def test_reading_a_file_planted_outside(host_files):
+    _, _, secret = host_files
+    code = f"SECRET = open({str(secret)!r}).read()\n" + GOOD + "print(SECRET)\n"
+    r = run(code)
+    assert_zero(r, "load_error")
+    assert "1234" not in r.output
+
+
+def test_network_socket():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    code = ("import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'leak')\n" + GOOD)
+    try:
+        r = run(code)
+        assert_zero(r, "load_error")
+        if r.isolation.get("net"):
+            with pytest.raises(socket.timeout):  # nothing ever connected
+                server.accept()
+        assert_zero(run("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\n" + GOOD))
+    finally:
+        server.close()
+
+
+def test_exiting_before_the_tests():
+    assert_zero(run(GOOD + "import sys\nsys.exit(0)\n"), "load_error")
+    assert_zero(run(GOOD + "import os\nos._exit(0)\n"), "crashed")
+    assert_zero(run(GOOD + "raise SystemExit\n"), "load_error")
+    assert_zero(run("def add(a, b):\n    import os\n    os._exit(0)\n"))
+
+
+def test_monkeypatching_assert_and_the_runner():
+    attacks = [
+        # asserts cannot be switched off
+        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\ndef add(a, b):\n    return 7\n",
+        # an object equal to everything is not plain data
+        "class Eq:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Eq()\n",
+        "class Int(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Int(0)\n",
+        # patch the harness and the encoder, forge reports on every descriptor, claim to be done
+        "import sys, json, os\nm = sys.modules['__main__']\n"
+        "m._encode = lambda v, d=0: True\njson.dumps = lambda *a, **k: '{\"i\": 0, \"ok\": true, \"v\": true}'\n"
+        "for fd in range(3, 64):\n    for i in range(3):\n        try:\n"
+        "            os.write(fd, ('{\"i\": %d, \"ok\": true, \"v\": true}\\n' % i).encode())\n"
+        "        except OSError:\n            pass\n"
+        "for fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"done\": true}\\n')\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return None\n",
+        # the model's own tests and runner do not replace the grader's
+        "def add(a, b):\n    return a - b\ndef check(candidate):\n    return True\nassert add(1, 1) == 0\n",
+    ]
+    for attack in attacks:
+        assert_zero(run(attack))
+    grader_check = "def check(candidate):\n    assert candidate(2, 3) == 5\n\ncheck(add)\n"
+    assert_zero(run(attacks[-1], grader_check, entry_point="add"))
+
+
+def test_huge_output():
+    t0 = time.monotonic()
+    assert_zero(run("while True:\n    print('spam' * 1000)\n" + GOOD), "output_limit")
+    assert_zero(run(GOOD + "import sys\nsys.stdout.write('x' * (1 << 22))\n"), "output_limit")
+    assert_zero(run(GOOD + "import sys\nsys.stderr.write('x' * (1 << 22))\n"), "output_limit")
+    assert time.monotonic() - t0 < 15
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="without namespaces only root can give the code its own uid")
+def test_without_namespaces_limits_and_uid_still_hold(host_files):
+    """The fallback for hosts that refuse namespaces: rlimits + a fresh uid; cleanup by uid."""
+    tmp_path, victim, secret = host_files
+    daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
+              "print(os.getcwd())\n" + GOOD)
+    r = run(daemon, namespaces=False)  # run() checks that no process of the uid is left
+    assert r.score == 1.0 and not any(r.isolation[k] for k in ("net", "mount", "pid"))
+    assert r.output.strip().startswith(tempfile.gettempdir()) and not os.path.exists(r.output.strip())
+    for attack in (f"open({str(victim)!r}, 'w').write('pwned')\n", f"open({str(secret)!r}).read()\n",
+                   "import os\nos.kill(1, 9)\n"):
+        assert_zero(run(attack + GOOD, namespaces=False), "load_error")
+    assert_zero(run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                    limits=LOOP, namespaces=False))
+
+
+# --- the reward -------------------------------------------------------------------------------
+
+def test_extract_code():
+    text = "Plan first.\n```\nnot this\n```\n```python\ndef f():\n    return 1\n```\n"
+    assert extract_code(text) == "def f():\n    return 1\n"
+    assert extract_code("def f(): pass") is None
+    assert extract_code("def f(): pass", fenced_only=False) == "def f(): pass"
+
+
+def test_code_tests_reward():
+    completions = [f"```python\n{GOOD}```", "```python\ndef add(a, b):\n    return a * b\n```", "no code",
+                   "```python\nimport os\nos._exit(0)\n```"]
+    rows = [TESTS] * 4
+    assert code_tests_reward(["Write add."] * 4, completions, tests=rows, cpu_s=1, wall_s=3) == [1.0, 0.0, 0.0, 0.0]
+    assert code_tests_reward(["p"], [completions[0]], tests=[TESTS[:2] + ["assert add(1, 1) == 3"]],
+                             partial=False) == [0.0]
+    # the grader's own tests do not parse: that sample is excluded (None), not blamed on the model
+    assert code_tests_reward(["p"] * 2, [completions[0]] * 2, tests=[["assert add(1,"], TESTS]) == [None, 1.0]
+
+
+UNPRIVILEGED = r'''
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sb = importlib.util.module_from_spec(spec)
+sys.modules["sandbox"] = sb
+spec.loader.exec_module(sb)
+limits = sb.Limits(cpu_s=1, wall_s=3, memory_mb=256)
+good = "def add(a, b):\n    return a + b\n"
+attacks = {
+    "write": "open(%r, 'w').write('x')\n" % (sys.argv[2] + "/planted.txt"),
+    "umount": "import ctypes\nassert ctypes.CDLL(None).umount2(b'/tmp', 2) == 0\n",
+    "net": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\n",
+}
+out = {"good": vars(sb.run_tests(good, ["assert add(2, 3) == 5"], limits=limits))}
+for name, code in attacks.items():
+    out[name] = vars(sb.run_tests(code + good, ["assert add(2, 3) == 5"], limits=limits))
+print(json.dumps(out))
+'''
+
+
+def test_an_unprivileged_user_gets_a_user_namespace():
+    """The path most users take (not root): a user namespace, capabilities dropped."""
+    import json
+    import shutil
+    import subprocess
+
+    import tinyrl.rewards.sandbox as sandbox_module
+
+    setpriv, python = shutil.which("setpriv"), shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    if os.geteuid() != 0 or not setpriv or not python:
+        pytest.skip("needs root (to become nobody), setpriv and a system python3")
+    as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python]
+    scratch = tempfile.mkdtemp(dir="/tmp")  # readable by nobody (pytest's tmp_path is not)
+    shared = tempfile.mkdtemp(dir="/tmp")  # writable by anyone on the host, so by nobody without a namespace
+    os.chmod(scratch, 0o755)
+    os.chmod(shared, 0o777)
+    script = os.path.join(scratch, "as_nobody.py")
+    with open(script, "w") as f:
+        f.write(UNPRIVILEGED)
+    os.chmod(script, 0o644)
+    try:
+        probe = subprocess.run(as_nobody + ["-c", f"open({sandbox_module.CHILD_SCRIPT!r}).read(); open({str(script)!r})"],
+                               capture_output=True, cwd="/tmp")
+        if probe.returncode != 0:
+            pytest.skip("user nobody cannot run this Python or read the sources")
+        proc = subprocess.run(as_nobody + [str(script), sandbox_module.__file__, shared], capture_output=True,
+                              text=True, cwd="/tmp", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout.splitlines()[-1])
+        if not out["good"]["isolation"].get("userns"):
+            pytest.skip(f"no unprivileged user namespaces here: {out['good']['isolation']}")
+        assert out["good"]["status"] == "ok" and out["good"]["passed"] == [True]
+        for name in ("write", "umount", "net"):
+            assert out[name]["status"] == "load_error" and out[name]["passed"] == [False], (name, out[name])
+        assert os.listdir(shared) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
