@@ -1,0 +1,338 @@
+"""The health monitor: every alarm rule on synthetic metric histories (fires when it should,
+quiet when it should not), the automatic actions, the stale-weights canary on a real run,
+a preset that collapses entropy (the alarm must come before the reward collapses), and the
+run report."""
+
+import copy
+import dataclasses
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tinyrl.algo.losses import LossSettings
+from tinyrl.monitor import RULES, Alarm, Monitor, MonitorConfig, apply_action
+from tinyrl.runs import read_jsonl
+
+N = 40
+
+
+def healthy(n: int = N, seed: int = 0) -> list[dict]:
+    """A run that learns: reward creeps up, entropy eases down, nothing spikes (with noise)."""
+    rng = random.Random(seed)
+    rows = []
+    for s in range(1, n + 1):
+        f = (s - 1) / (n - 1)
+        jit = lambda scale: 1 + scale * (rng.random() - 0.5)  # noqa: E731
+        rows.append({
+            "step": s, "reward_mean": (0.3 + 0.45 * f) * jit(0.1), "reward_group_std": 0.4 * jit(0.3),
+            "zero_std_frac": 0.2 * jit(0.5), "entropy": (2.0 - 0.5 * f) * jit(0.1),
+            "logp_pos_mean": -1.2 + 0.4 * f + 0.05 * (rng.random() - 0.5), "logp_pos_delta": 0.02 * jit(0.5),
+            "frac_pos_delta_nonpos": 0.2 * jit(0.5), "grad_norm": 1.0 * jit(0.6), "skipped_nonfinite": False,
+            "policy_kl": 1e-4 * jit(0.5), "clip_frac": 0.01 * jit(0.5), "ref_kl": 0.002 * s * jit(0.2),
+            "rollout_trainer_k3": 1e-6 * jit(0.5), "rollout_trainer_maxdiff": 1e-5 * jit(0.5),
+            "completion_len": 12 * jit(0.2), "truncated_frac": 0.0,
+        })
+    return rows
+
+
+def patch(rows: list[dict], key: str, fn, start: int = 1, stop: int = N + 1) -> list[dict]:
+    """Set rows[key] = fn(step, old value) for steps in [start, stop)."""
+    for r in rows:
+        if start <= r["step"] < stop:
+            r[key] = fn(r["step"], r.get(key))
+    return rows
+
+
+def feed(rows: list[dict], cfg: MonitorConfig | None = None) -> list[Alarm]:
+    mon = Monitor(cfg or MonitorConfig())
+    out = []
+    for r in rows:
+        out += mon.update(r["step"], {k: v for k, v in r.items() if k != "step"})
+    return out
+
+
+def steps_of(alarms: list[Alarm], name: str) -> list[int]:
+    return [a.step for a in alarms if a.name == name]
+
+
+def test_a_healthy_run_raises_no_alarm():
+    for seed in range(5):
+        assert feed(healthy(seed=seed)) == [], seed
+
+
+def test_every_rule_is_a_table_entry_with_a_test_case():
+    assert set(RULES) == {c[0] for c in CASES}
+
+
+def _set(value):
+    return lambda s, v: value
+
+
+# (rule, what happens, mutation of the healthy run, first step the rule must fire at | None = quiet)
+CASES = [
+    ("entropy_collapse", "entropy falls to 15% at low reward", lambda r: patch(r, "entropy", _set(0.3), 12), 13),
+    ("entropy_collapse", "entropy falls to 15% once solved", lambda r: patch(patch(r, "entropy", _set(0.3), 12),
+                                                                           "reward_mean", _set(0.95), 12), None),
+    ("entropy_collapse", "entropy falls to 60%", lambda r: patch(r, "entropy", _set(1.2), 12), None),
+    ("entropy_collapse", "a one-step dip", lambda r: patch(r, "entropy", _set(0.3), 12, 13), None),
+    ("advantage_collapse", "80% zero-std groups", lambda r: patch(r, "zero_std_frac", _set(0.8), 10), 12),
+    ("advantage_collapse", "two bad steps in a window", lambda r: patch(r, "zero_std_frac", _set(0.8), 10, 12), None),
+    ("echo_trap", "group std falls 75% at low reward", lambda r: patch(r, "reward_group_std", _set(0.1), 15), 17),
+    ("echo_trap", "group std falls 75% for two steps", lambda r: patch(r, "reward_group_std", _set(0.1), 15, 17), None),
+    ("echo_trap", "group std falls because reward falls to ~0",
+     lambda r: patch(patch(r, "reward_group_std", _set(0.05), 15), "reward_mean", _set(0.02), 15), None),
+    ("echo_trap", "group std falls 75% once solved", lambda r: patch(patch(r, "reward_group_std", _set(0.1), 15),
+                                                                     "reward_mean", _set(0.95), 15), None),
+    ("echo_trap", "group std falls 25%", lambda r: patch(r, "reward_group_std", _set(0.3), 15), None),
+    ("lazy_likelihood", "most correct responses lose likelihood",
+     lambda r: patch(r, "frac_pos_delta_nonpos", _set(0.8), 20), 22),
+    ("lazy_likelihood", "correct likelihood falls while reward rises",
+     lambda r: patch(r, "logp_pos_mean", lambda s, v: -0.5 - 0.05 * s), 15),
+    ("lazy_likelihood", "correct likelihood falls, reward flat",
+     lambda r: patch(patch(r, "logp_pos_mean", lambda s, v: -0.5 - 0.05 * s), "reward_mean", _set(0.4)), None),
+    ("gradient_explosion", "grad norm 20x its median", lambda r: patch(r, "grad_norm", _set(20.0), 20, 21), 20),
+    ("gradient_explosion", "a non-finite step (skipped)",
+     lambda r: patch(patch(r, "grad_norm", _set(None), 7, 8), "skipped_nonfinite", _set(True), 7, 8), 7),
+    ("gradient_explosion", "grad norm 3x", lambda r: patch(r, "grad_norm", _set(3.0), 20, 21), None),
+    ("gradient_explosion", "gradients return after a run of zeros",
+     lambda r: patch(r, "grad_norm", lambda s, v: 0.0 if s < 20 else 1.0), None),
+    ("kl_blowup", "KL to reference grows exponentially",
+     lambda r: patch(r, "ref_kl", lambda s, v: 0.04 * 1.35 ** (s - 20), 21), 22),
+    ("kl_blowup", "KL to reference grows quadratically", lambda r: patch(r, "ref_kl", lambda s, v: 1e-4 * s * s), None),
+    ("kl_blowup", "policy KL 100x its median", lambda r: patch(r, "policy_kl", _set(0.01), 25, 26), 25),
+    ("kl_blowup", "clip fraction 0.4", lambda r: patch(r, "clip_frac", _set(0.4), 25, 26), 25),
+    ("kl_blowup", "no reference pass (beta = 0)", lambda r: patch(r, "ref_kl", _set(None)), None),
+    ("stale_weights", "mismatch from step 2", lambda r: patch(r, "rollout_trainer_k3", _set(0.03), 2), 2),
+    ("stale_weights", "mismatch at step 1 only (never after a sync)",
+     lambda r: patch(r, "rollout_trainer_k3", _set(0.5), 1, 2), None),
+    ("stale_weights", "a steady bf16-sized noise floor",
+     lambda r: patch(r, "rollout_trainer_k3", lambda s, v: 4e-3 if s == 1 else 6e-3), None),
+    ("stale_weights", "mismatch 25x the noise floor",
+     lambda r: patch(r, "rollout_trainer_k3", lambda s, v: 4e-3 if s < 9 else 0.1), 9),
+    ("length_shortcut", "length falls 70% while reward rises", lambda r: patch(r, "completion_len", _set(3.5), 20), 23),
+    ("length_shortcut", "length falls 70%, reward flat",
+     lambda r: patch(patch(r, "completion_len", _set(3.5), 20), "reward_mean", _set(0.3)), None),
+    ("truncation", "20% truncated", lambda r: patch(r, "truncated_frac", _set(0.2), 10), 11),
+    ("truncation", "2% truncated", lambda r: patch(r, "truncated_frac", _set(0.02), 10), None),
+]
+
+
+@pytest.mark.parametrize("rule,what,mutate,first", CASES, ids=[f"{c[0]}: {c[1]}" for c in CASES])
+def test_rule_on_a_synthetic_history(rule, what, mutate, first):
+    alarms = feed(mutate(healthy()))
+    fired = steps_of(alarms, rule)
+    assert (fired[0] if fired else None) == first, [(a.name, a.step, a.evidence) for a in alarms]
+    others = {a.name for a in alarms} - {rule}
+    assert not others, f"{what}: other rules fired too: {others}"
+    for a in alarms:
+        assert a.evidence and a.action
+
+
+def test_alarms_fire_once_but_every_skipped_step_is_reported():
+    rows = patch(healthy(), "entropy", _set(0.3), 12)
+    for s in (7, 30):
+        patch(patch(rows, "grad_norm", _set(None), s, s + 1), "skipped_nonfinite", _set(True), s, s + 1)
+    alarms = feed(rows)
+    assert steps_of(alarms, "entropy_collapse") == [13]
+    skipped = [a for a in alarms if a.name == "gradient_explosion"]
+    assert [a.step for a in skipped] == [7, 30] and all("skipped" in a.evidence for a in skipped)
+
+
+def test_stale_weights_is_fatal_unless_switched_off():
+    rows = patch(healthy(), "rollout_trainer_k3", _set(0.03), 2)
+    (alarm,) = feed(rows)
+    assert alarm.name == "stale_weights" and alarm.fatal and "sync" in alarm.evidence
+    (alarm,) = feed(rows, MonitorConfig(stale_fatal=False))
+    assert not alarm.fatal
+    assert feed(patch(healthy(), "rollout_trainer_maxdiff", _set(0.8), 5), MonitorConfig(stale_maxdiff=0.5))[0].step == 5
+
+
+def test_rules_can_be_disabled_and_thresholds_moved():
+    rows = patch(healthy(), "truncated_frac", _set(0.2), 10)
+    assert feed(rows, MonitorConfig(disabled=["truncation"])) == []
+    assert feed(rows, MonitorConfig(truncation_max=0.3)) == []
+    assert steps_of(feed(patch(healthy(), "entropy", _set(1.2), 12), MonitorConfig(entropy_collapse_frac=0.7)),
+                    "entropy_collapse") == [13]
+
+
+def test_monitor_state_survives_a_checkpoint():
+    rows = patch(healthy(), "truncated_frac", _set(0.2), 10)
+    mon = Monitor()
+    for r in rows[:20]:
+        mon.update(r["step"], r)
+    restored = Monitor()
+    restored.load_state_dict(copy.deepcopy(mon.state_dict()))
+    assert [a["name"] for a in restored.fired] == ["truncation"]
+    assert all(restored.update(r["step"], r) == [] for r in rows[20:])  # not raised a second time
+
+
+def test_monitor_config_is_checked_like_the_run_config():
+    from tinyrl.config import ConfigError, _build
+
+    assert _build(MonitorConfig, {"window": 8, "disabled": ["echo_trap"]}, "monitor").window == 8
+    with pytest.raises(ConfigError, match="monitor.window"):
+        _build(MonitorConfig, {"window": 0}, "monitor")
+    with pytest.raises(ConfigError, match="monitor.disabled"):
+        _build(MonitorConfig, {"disabled": ["entropy"]}, "monitor")
+    with pytest.raises(ConfigError, match="monitor.stale_k3"):
+        _build(MonitorConfig, {"stale_k3": -1.0}, "monitor")
+
+
+# --------------------------------------------------------------------------- automatic actions
+
+
+def fake_trainer(**cfg) -> SimpleNamespace:
+    return SimpleNamespace(cfg=SimpleNamespace(algo=SimpleNamespace(dynamic_sampling=False, epsilon_high=0.2)),
+                           loss_settings=LossSettings(), monitor=Monitor(MonitorConfig(**cfg)))
+
+
+def first_alarm(trainer, rows, name) -> Alarm:
+    for r in rows:
+        for a in trainer.monitor.update(r["step"], r):
+            if a.name == name:
+                return a
+    raise AssertionError(f"{name} did not fire")
+
+
+def test_actions_are_off_by_default():
+    t = fake_trainer()
+    a = first_alarm(t, patch(healthy(), "zero_std_frac", _set(0.8), 10), "advantage_collapse")
+    assert a.action_key == "dynamic_sampling" and apply_action(t, a) is None
+    assert t.cfg.algo.dynamic_sampling is False and a.applied is None
+
+
+def test_auto_dynamic_sampling_turns_it_on():
+    t = fake_trainer(auto_dynamic_sampling=True)
+    a = first_alarm(t, patch(healthy(), "zero_std_frac", _set(0.8), 10), "advantage_collapse")
+    assert "dynamic_sampling" in apply_action(t, a)
+    assert t.cfg.algo.dynamic_sampling is True
+    assert t.monitor.fired[-1]["applied"] == a.applied  # recorded with the alarm (alarms.jsonl, report)
+
+
+def test_auto_clip_higher_raises_epsilon_high():
+    t = fake_trainer(auto_clip_higher=True, auto_epsilon_high=0.3)
+    a = first_alarm(t, patch(healthy(), "entropy", _set(0.3), 12), "entropy_collapse")
+    assert "0.3" in apply_action(t, a)
+    assert t.loss_settings.epsilon_high == 0.3 and t.loss_settings.epsilon_low == 0.2
+
+
+def lora_of(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def test_auto_rollback_restores_the_last_checkpoint(tiny_model_dir, run_root):
+    from tinyrl.api import build_trainer
+    from tests.test_training import small
+
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False}))
+    t.monitor = Monitor(MonitorConfig(auto_rollback=True))
+    alarm = Alarm("gradient_explosion", 1, "grad norm 50x", "lower lr", action_key="rollback")
+    assert "no checkpoint" in apply_action(t, alarm)
+    t.train_step()
+    t.save_checkpoint()
+    saved = lora_of(t.model)
+    t.train_step()
+    assert any(not torch.equal(saved[n], p) for n, p in lora_of(t.model).items())
+    calls = t.engine.calls
+    assert "step-000001" in apply_action(t, alarm)
+    assert all(torch.equal(saved[n], p) for n, p in lora_of(t.model).items())
+    assert t.step == 2 and t.engine.calls == calls and t.monitor.rollbacks == 1  # data and step count go on
+    t.monitor.cfg.max_rollbacks = 1
+    assert "nothing changed" in apply_action(t, alarm)
+
+
+# --------------------------------------------------------------------------- the canary, on a real run
+
+
+class FrozenEngine:
+    """A rollout engine stuck on the initial weights: generates with a frozen deep copy of the
+    policy and ignores sync (what a broken vLLM weight push looks like)."""
+
+    def __init__(self, engine, model):
+        from tinyrl.rollout.hf import HFEngine
+
+        self.inner = HFEngine(copy.deepcopy(model), engine.tokenizer, seed=engine.seed)
+
+    def generate(self, *a, **kw):
+        return self.inner.generate(*a, **kw)
+
+    def release(self):
+        pass
+
+    def sync(self, model):
+        pass  # the bug: the trained weights never arrive
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        self.inner.load_state_dict(state)
+
+
+def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root):
+    from tests.test_training import small
+    from tinyrl.api import build_trainer
+    from tinyrl.trainer import StaleWeightsError
+
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False,
+        "train.steps": 4}))
+    t.engine = FrozenEngine(t.engine, t.model)
+    with pytest.raises(StaleWeightsError, match="stale_weights at step 2"):
+        t.train()
+    rows = read_jsonl(t.run.path / "metrics.jsonl")
+    assert rows[0]["rollout_trainer_k3"] < 1e-5 < 1e-3 < rows[1]["rollout_trainer_k3"]  # step 1 shares the weights
+    (alarm,) = read_jsonl(t.run.path / "alarms.jsonl")
+    assert alarm["name"] == "stale_weights" and alarm["fatal"] and alarm["step"] == 2
+
+
+# --------------------------------------------------------------------------- the run report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(path, rows, alarms, summary=None):
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "alarms.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alarms))
+    if summary is not None:
+        (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_report_lists_alarms_and_a_verdict_and_draws_a_png(tmp_path):
+    from tinyrl.report import write_report
+
+    rows = patch(healthy(), "entropy", _set(0.3), 12)
+    mon = Monitor()
+    for r in rows:
+        mon.update(r["step"], r)
+    write_run(tmp_path / "run", rows, mon.fired, {"eval_before": 0.2, "eval_after": 0.5})
+    text = write_report(tmp_path / "run")
+    assert (tmp_path / "run" / "report.txt").read_text() == text
+    assert "entropy_collapse" in text and "step   13" in text and "clip-higher" in text
+    assert "verdict: NEEDS A LOOK" in text and "entropy_collapse" in text.splitlines()[-1]
+    assert "20.0% -> 50.0%" in text
+    reward_line = next(line for line in text.splitlines() if line.strip().startswith("reward "))
+    first, last, lo, hi = map(float, reward_line.split()[-4:])
+    assert (first, last) == (pytest.approx(rows[0]["reward_mean"], rel=1e-3), pytest.approx(rows[-1]["reward_mean"], rel=1e-3))
+    assert lo <= min(first, last) and hi >= max(first, last)
+    png = (tmp_path / "run" / "metrics.png").read_bytes()
+    assert png[:8] == PNG_MAGIC and len(png) > 10_000
+
+
+def test_report_verdicts(tmp_path):
+    from tinyrl.report import write_report
+
+    write_run(tmp_path / "ok", healthy(), [])
+    assert "verdict: HEALTHY - reward rose" in write_report(tmp_path / "ok")
+    rows = patch(healthy(), "rollout_trainer_k3", _set(0.03), 2)[:2]
+    write_run(tmp_path / "stale", rows, [dataclasses.asdict(feed(rows)[0])])
+    assert "verdict: STOPPED - stale_weights at step 2" in write_report(tmp_path / "stale")
+    (tmp_path / "empty").mkdir()
+    assert "verdict: NO DATA" in write_report(tmp_path / "empty")
+    assert not (tmp_path / "empty" / "metrics.png").exists()

@@ -1,0 +1,150 @@
+"""The run report: metric curves summarised, the alarms that fired, and a one-line verdict.
+
+`write_report(run_dir)` reads metrics.jsonl and alarms.jsonl (and summary.json when the run
+finished), writes report.txt and metrics.png (reward, entropy, KL and length against step,
+alarms marked) into the run folder, and returns the text. `tinyrl report RUN_DIR` prints it.
+matplotlib is imported only here, on the Agg canvas (no display, no global backend switch);
+without it the report says how to get the plot and skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tinyrl.runs import atomic_write_text, read_jsonl
+
+# (metrics.jsonl key, label) rows of the summary table; absent keys are left out
+SUMMARY = [
+    ("reward_mean", "reward"),
+    ("reward_group_std", "reward std in group"),
+    ("zero_std_frac", "zero-std groups"),
+    ("entropy", "entropy"),
+    ("policy_kl", "policy KL"),
+    ("ref_kl", "KL to reference"),
+    ("clip_frac", "clip fraction"),
+    ("grad_norm", "grad norm"),
+    ("completion_len", "length (tokens)"),
+    ("truncated_frac", "truncated"),
+    ("logp_pos_mean", "logp of correct"),
+    ("rollout_trainer_k3", "rollout-trainer k3"),
+    ("step_time", "step time (s)"),
+]
+
+# panel title -> metrics.jsonl keys drawn in it
+PANELS = {
+    "reward": ["reward_mean"],
+    "entropy": ["entropy", "entropy_p10", "entropy_p90"],
+    "KL": ["policy_kl", "ref_kl", "rollout_trainer_k3"],
+    "length": ["completion_len"],
+}
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], float(r[key])) for r in rows
+           if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    lines = [f"  {'metric':<20} {'first':>10} {'last':>10} {'min':>10} {'max':>10}"]
+    for key, label in SUMMARY:
+        steps, vals = _series(rows, key)
+        if vals:
+            lines.append(f"  {label:<20} {_fmt(vals[0]):>10} {_fmt(vals[-1]):>10} {_fmt(min(vals)):>10} "
+                         f"{_fmt(max(vals)):>10}")
+    return lines
+
+
+def _trend(rows: list[dict], k: int = 5) -> tuple[float, float] | None:
+    _, r = _series(rows, "reward_mean")
+    if not r:
+        return None
+    k = max(1, min(k, len(r) // 2 or 1))
+    return sum(r[:k]) / k, sum(r[-k:]) / k
+
+
+def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -> str:
+    """One line: stopped / failed / healthy / needs a look, with the reward trend."""
+    if not rows:
+        return "verdict: NO DATA - metrics.jsonl has no steps yet"
+    fatal = [a for a in alarms if a.get("fatal")]
+    if fatal:
+        a = fatal[0]
+        return f"verdict: STOPPED - {a['name']} at step {a['step']}: {a['action']}"
+    start, end = _trend(rows) or (float("nan"), float("nan"))
+    move = "rose" if end > start + 0.02 else "fell" if end < start - 0.02 else "stayed flat"
+    trend = f"reward {move} ({start:.3f} -> {end:.3f})"
+    if summary and summary.get("eval_before") is not None and summary.get("eval_after") is not None:
+        trend += f", held-out accuracy {summary['eval_before']:.1%} -> {summary['eval_after']:.1%}"
+    if not alarms:
+        state = "HEALTHY" if move == "rose" else "NO PROGRESS"
+        return f"verdict: {state} - {trend}; no alarms"
+    names = sorted({a["name"] for a in alarms})
+    return f"verdict: NEEDS A LOOK - {trend}; {len(alarms)} alarm(s): {', '.join(names)}"
+
+
+def plot(rows: list[dict], alarms: list[dict], path: Path) -> bool:
+    """metrics.png: one panel per PANELS entry, alarms as dashed lines. False without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    fig = Figure(figsize=(10, 7), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, (title, keys) in enumerate(PANELS.items()):
+        ax = fig.add_subplot(2, 2, i + 1)
+        for key in keys:
+            steps, vals = _series(rows, key)
+            if vals:
+                ax.plot(steps, vals, label=key, marker="." if len(vals) < 40 else None)
+        for a in alarms:
+            ax.axvline(a["step"], color="red" if a.get("fatal") else "orange", ls="--", lw=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    if alarms:
+        fig.suptitle("alarms: " + ", ".join(f"{a['name']}@{a['step']}" for a in alarms[:6]), fontsize=9)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    tmp.replace(path)
+    return True
+
+
+def render(run_dir: Path, rows: list[dict], alarms: list[dict], summary: dict | None, png: bool) -> str:
+    steps = [r["step"] for r in rows]
+    lines = [f"tinyrl run report: {run_dir}"]
+    lines.append(f"steps: {len(rows)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
+    if rows:
+        lines += ["", "metrics:", *summary_table(rows)]
+    lines += ["", f"alarms ({len(alarms)}):" if alarms else "alarms: none"]
+    for a in alarms:
+        auto = f" [auto: {a['applied']}]" if a.get("applied") else ""
+        lines.append(f"  step {a['step']:>4}  {a['name']}{' (fatal)' if a.get('fatal') else ''}: {a['evidence']}")
+        lines.append(f"             suggested: {a['action']}{auto}")
+    lines += ["", f"plot: {run_dir / 'metrics.png'}" if png else "plot: skipped (pip install 'tinyrl[plot]' for metrics.png)"]
+    lines.append(verdict(rows, alarms, summary))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir) -> str:
+    """Write report.txt and metrics.png into `run_dir`; return the report text."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"tinyrl report: {run_dir} is not a run folder")
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
+    alarms = read_jsonl(run_dir / "alarms.jsonl")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    png = bool(rows) and plot(rows, alarms, run_dir / "metrics.png")
+    text = render(run_dir, rows, alarms, summary, png)
+    atomic_write_text(run_dir / "report.txt", text)
+    return text
