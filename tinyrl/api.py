@@ -53,6 +53,9 @@ def train(preset=None, profile=None, resume=None, **overrides):
                "interrupted": run.interrupted, "skipped_steps": trainer.skipped_steps,
                "reward_failures": trainer.rewards.total_failures, "alarms": [a["name"] for a in run.alarms]}
     atomic_write_text(run.path / "summary.json", json.dumps(summary, indent=2))
+    from tinyrl.report import write_report
+
+    write_report(run.path)
     return run
 
 

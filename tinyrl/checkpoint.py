@@ -98,6 +98,7 @@ def load(trainer, path: Path) -> None:
     _set_rng_state(state["rng"])
     trainer.prompts.load_state_dict(state["prompts"])
     trainer.engine.load_state_dict(state["engine"])
+    trainer.engine.sync(trainer.model)  # the engine samples from the restored adapter
     trainer.monitor.load_state_dict(state["monitor"])
     trainer.skipped_steps = state["skipped_steps"]
     trainer.eval_before = state["eval_before"]

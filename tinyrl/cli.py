@@ -10,11 +10,12 @@ import sys
 
 def _friendly_errors() -> tuple[type, ...]:
     from tinyrl.checkpoint import ResumeError
+    from tinyrl.trainer import StaleWeightsError
     from tinyrl.config import ConfigError
     from tinyrl.model import ModelLoadError
     from tinyrl.rewards.core import RewardImportError
 
-    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, FileNotFoundError)
+    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, FileNotFoundError)
 
 
 OOM_HELP = ("out of memory. Turn these knobs down: rollout.num_generations (group size), "
@@ -76,6 +77,13 @@ def cmd_eval(ns) -> int:
     return 0
 
 
+def cmd_report(ns) -> int:
+    from tinyrl.report import write_report
+
+    print(write_report(ns.run_dir))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tinyrl", description="GRPO with LoRA/QLoRA on one GPU or a CPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -90,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
     e.add_argument("overrides", nargs="*")
     e.set_defaults(fn=cmd_eval)
+    r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
+    r.add_argument("run_dir")
+    r.set_defaults(fn=cmd_report)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -20,6 +20,8 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from tinyrl.monitor import MonitorConfig
+
 DEFAULT_PRESET = "tiny_grpo_cpu"
 
 
@@ -209,6 +211,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def validate(self, p: str = "") -> None:
         completions = self.train.prompts_per_step * self.rollout.num_generations

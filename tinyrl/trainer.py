@@ -29,7 +29,7 @@ from tinyrl.config import RunConfig
 from tinyrl.data import PromptSource, load_rows, render_prompt
 from tinyrl.evaluate import accuracy
 from tinyrl.model import load_policy
-from tinyrl.monitor import Monitor
+from tinyrl.monitor import Monitor, apply_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
 from tinyrl.rollout import make_engine
 from tinyrl.rollout.base import Rollouts, SamplingParams
@@ -77,7 +77,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.scheduler = checkpoint.make_scheduler(self.optimizer, cfg.train, cfg.algo.num_iterations)
-        self.monitor = Monitor()
+        self.monitor = Monitor(cfg.monitor)
         self.step = 0
         self.skipped_steps = 0
         self.eval_before: float | None = None
@@ -110,6 +110,7 @@ class Trainer:
                     log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
                     if alarm.fatal:
                         raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
+                    apply_action(self, alarm)  # optional automatic fixes (off by default)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.3g}")
