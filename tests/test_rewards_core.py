@@ -72,3 +72,11 @@ def test_resolve_errors_are_clear():
         resolve_reward("no.such.module:f")
     with pytest.raises(RewardImportError, match="unknown reward 'nope'"):
         resolve_reward("nope")
+
+
+def test_sum_then_normalize():
+    rs = RewardSet([RewardSpec(f"{__name__}:length_bonus", 1.0), RewardSpec(f"{__name__}:length_bonus", 1.0)],
+                   combine="sum_then_normalize")
+    total, comps, _ = rs.score(["p"] * 3, ["a", "aa", "aaa"], [{}] * 3)
+    assert set(comps) == {"length_bonus", "length_bonus_2"}
+    assert torch.allclose(total, torch.tensor([-1.0, 0.0, 1.0]), atol=1e-4)

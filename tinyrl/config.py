@@ -160,7 +160,7 @@ class RewardSpec:
 @dataclass
 class RewardConfig:
     functions: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("task")])
-    combine: Literal["sum", "normalize_then_sum"] = "sum"
+    combine: Literal["sum", "normalize_then_sum", "sum_then_normalize"] = "sum"
 
     def validate(self, p: str) -> None:
         _check(len(self.functions) >= 1, f"{p}.functions", "needs at least one reward function")

@@ -26,8 +26,8 @@ def test_recipe_fills_switches_and_fields_override():
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_each_recipe_runs_and_changes_the_adapter(recipe, tiny_model_dir, run_root):
-    t = build_trainer(overrides=base(tiny_model_dir, run_root, **{"algo.recipe": recipe, "algo.num_iterations": 2}))
+def test_each_recipe_runs_and_changes_the_adapter(recipe, run_root):
+    t = build_trainer(overrides=base("tiny-arith", run_root, **{"algo.recipe": recipe, "algo.num_iterations": 2}))
     before = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
     for _ in range(2):
         metrics, _ = t.train_step()

@@ -142,6 +142,10 @@ class RewardSet:
                 if ok.sum() > 1:
                     v = (v - v[ok].mean()) / (v[ok].std() + 1e-6)
             total = weight * v if total is None else total + weight * v  # NaN propagates: excluded
+        if self.combine == "sum_then_normalize":
+            ok = ~torch.isnan(total)
+            if ok.sum() > 1:
+                total = (total - total[ok].mean()) / (total[ok].std() + 1e-6)
         return total
 
 
