@@ -1,6 +1,6 @@
 """Pretrain tinyrl's shipped base model, tiny-arith, for the built-in "arithmetic" task.
 
-    python scripts/pretrain_tiny.py            # writes tinyrl/assets/tiny-arith/ (~2 min, 2 CPU cores)
+    python scripts/pretrain_tiny.py            # writes tinyrl/assets/tiny-arith/ (2000 steps: ~80 s on 2 idle cores)
     python scripts/pretrain_tiny.py --out /tmp/tiny --steps 500
 
 What it makes: a character-level tokenizer (newline and printable ASCII, one token each;
@@ -19,7 +19,10 @@ this text well puts about 0.65 on the wrong answer and 0.35 on the right one for
 sum: greedy decoding picks the wrong one, eight samples at temperature 1 usually include
 the right one, and RL only has to tip a 65/35 belief the right way (it need not teach
 addition). Nothing else is wrong in the text: the format is always `a+b=` then the answer
-digits then </s>.
+digits then </s>. The shipped model (seed 0) learned the belief a little less sharply than
+the text: on the default held-out rows its greedy accuracy is 0.435 (1.0 on sums without
+a carry, 0.26 on carrying ones, where 72% of greedy answers are the carry-less sum),
+pass@8 0.87, per-sample accuracy 0.42 (pretrain_info.json holds the figures).
 
 Held-out problems (the task's held-out pool, `tinyrl.tasks.arithmetic.is_held_out`) never
 appear in the pretraining text, so held-out accuracy measures generalisation. The script
@@ -127,7 +130,7 @@ def evaluate(model, tok, rows: list[dict], k: int = 8, temperature: float = 1.0,
     model.eval()
     enc = tok([r["prompt"] for r in rows], return_tensors="pt", padding=True, add_special_tokens=False)
     P = enc["input_ids"].shape[1]
-    common = dict(max_new_tokens=args_max_new(rows), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    common = dict(max_new_tokens=max_new_tokens_for(rows), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     greedy = tok.batch_decode(model.generate(**enc, do_sample=False, **common)[:, P:], skip_special_tokens=True)
     torch.manual_seed(seed)
     sampled = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
@@ -149,7 +152,7 @@ def evaluate(model, tok, rows: list[dict], k: int = 8, temperature: float = 1.0,
     }
 
 
-def args_max_new(rows: list[dict]) -> int:
+def max_new_tokens_for(rows: list[dict]) -> int:
     return max(len(r["answer"]) for r in rows) + 2  # answer digits + </s>, one spare
 
 
@@ -164,6 +167,14 @@ def save(model, tok, out: Path, info: dict) -> None:
     (out / "pretrain_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+def report(metrics: dict, n: int) -> None:
+    print(f"held-out ({n} prompts): greedy accuracy {metrics['greedy_acc']:.3f}, "
+          f"pass@8 at T=1.0 {metrics['pass@8']:.3f}, per-sample accuracy {metrics['sample_acc']:.3f}")
+    print(f"  greedy on carrying sums {metrics['greedy_acc_carry']:.3f} (carry-less answer "
+          f"{metrics['greedy_carryless_carry']:.3f}), on sums without a carry {metrics['greedy_acc_no_carry']:.3f}")
+    print("  e.g. " + "  ".join(metrics["examples"]))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -172,8 +183,8 @@ def main() -> None:
     p.add_argument("--p-drop", type=float, default=0.65, help="chance a carrying sum is shown carry-less")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -181,25 +192,40 @@ def main() -> None:
     p.add_argument("--num-eval", type=int, default=200)
     p.add_argument("--log-every", type=int, default=250)
     p.add_argument("--no-save", action="store_true", help="train and evaluate only")
+    p.add_argument("--eval-only", action="store_true",
+                   help="evaluate the model saved in --out (and refresh the held_out figures of its pretrain_info.json)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
+    # the trainer's default held-out rows (data.seed=0, data.num_eval=200)
+    _, held_out = build(num_train=0, num_eval=args.num_eval, seed=0, digits=args.digits)
+    if args.eval_only:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.out, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(args.out)
+        metrics = evaluate(model, tok, held_out, k=8, temperature=1.0, seed=args.seed)
+        report(metrics, len(held_out))
+        info_path = args.out / "pretrain_info.json"
+        if info_path.exists():
+            info = json.loads(info_path.read_text())
+            info["held_out"] = {k: v for k, v in metrics.items() if k != "examples"}
+            info_path.write_text(json.dumps(info, indent=2) + "\n")
+        return
+
     tok = make_tokenizer()
+    tok.padding_side = "left"  # for the closing evaluation; training rows are padded by hand
     model = make_model(tok, args)
     n_params = sum(t.numel() for t in model.parameters())
     print(f"tiny-arith: {n_params:,} parameters ({n_params * 4 / 1e6:.2f} MB float32), vocab {len(tok)}")
     seconds = pretrain(model, tok, args)
-    _, held_out = build(num_train=0, num_eval=args.num_eval, seed=0, digits=args.digits)
-    metrics = evaluate(model, tok, held_out, k=8, temperature=1.0, seed=args.seed)
     print(f"pretraining took {seconds:.0f}s on {args.threads} threads")
-    print(f"held-out ({len(held_out)} prompts): greedy accuracy {metrics['greedy_acc']:.3f}, "
-          f"pass@8 at T=1.0 {metrics['pass@8']:.3f}, per-sample accuracy {metrics['sample_acc']:.3f}")
-    print(f"  greedy on carrying sums {metrics['greedy_acc_carry']:.3f} (carry-less answer "
-          f"{metrics['greedy_carryless_carry']:.3f}), on sums without a carry {metrics['greedy_acc_no_carry']:.3f}")
-    print("  e.g. " + "  ".join(metrics["examples"]))
+    metrics = evaluate(model, tok, held_out, k=8, temperature=1.0, seed=args.seed)
+    report(metrics, len(held_out))
     if not args.no_save:
-        info = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"},
+        tok.padding_side = "right"  # the saved default; tinyrl loads it with padding_side="left"
+        info = {"args": {k: v for k, v in vars(args).items() if k not in ("out", "no_save", "eval_only")},
                 "parameters": n_params, "pretrain_seconds": round(seconds, 1),
                 "held_out": {k: v for k, v in metrics.items() if k != "examples"}}
         save(model, tok, args.out, info)

@@ -36,6 +36,7 @@ def test_build_is_deterministic_and_disjoint(task):
     other_train, _ = task.build(num_train=2000, num_eval=0, seed=7)
     assert not {r["prompt"] for r in other_train} & {r["prompt"] for r in held}
     assert all(is_held_out(r["a"], r["b"]) for r in held)
+    assert task.build(num_train=0, num_eval=200, seed=0)[1] == held  # held-out rows ignore num_train
     for r in train[:50] + held[:50]:
         assert r["prompt"] == f"{r['a']}+{r['b']}=" and r["answer"] == str(r["a"] + r["b"])
         assert 10 <= r["a"] <= 99 and 10 <= r["b"] <= 99
@@ -117,3 +118,15 @@ def test_greedy_generation_format(tiny, task):
     for ids, text in zip(completion_ids.tolist(), texts):
         assert text.isdigit() and 1 <= len(text) <= 3, text
         assert ids[len(text)] == tok.eos_token_id  # the answer ends with EOS, then padding
+
+
+def test_sampling_with_the_task_stop_string(tiny, task):
+    """The trainer passes the task's stop strings to `generate`; transformers' stop-string
+    matcher must be able to read this char-level vocabulary."""
+    tok, model = tiny
+    enc = tok(["37+48=", "5+5="], return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=6,
+                             num_return_sequences=4, stop_strings=task.stop, tokenizer=tok)
+    assert out.shape[0] == 8

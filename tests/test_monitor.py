@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,7 +33,7 @@ def healthy(n: int = N, seed: int = 0) -> list[dict]:
             "zero_std_frac": 0.2 * jit(0.5), "entropy": (2.0 - 0.5 * f) * jit(0.1),
             "logp_pos_mean": -1.2 + 0.4 * f + 0.05 * (rng.random() - 0.5), "logp_pos_delta": 0.02 * jit(0.5),
             "frac_pos_delta_nonpos": 0.2 * jit(0.5), "grad_norm": 1.0 * jit(0.6), "skipped_nonfinite": False,
-            "policy_kl": 1e-4 * jit(0.5), "clip_frac": 0.01 * jit(0.5), "ref_kl": 0.002 * s * jit(0.2),
+            "policy_kl": 1e-4 * jit(0.5), "update_clip_frac": 0.01 * jit(0.5), "ref_kl": 0.002 * s * jit(0.2),
             "rollout_trainer_k3": 1e-6 * jit(0.5), "rollout_trainer_maxdiff": 1e-5 * jit(0.5),
             "completion_len": 12 * jit(0.2), "truncated_frac": 0.0,
         })
@@ -89,7 +90,8 @@ CASES = [
                                                                      "reward_mean", _set(0.95), 15), None),
     ("echo_trap", "group std falls 25%", lambda r: patch(r, "reward_group_std", _set(0.3), 15), None),
     ("lazy_likelihood", "most correct responses lose likelihood",
-     lambda r: patch(r, "frac_pos_delta_nonpos", _set(0.8), 20), 22),
+     lambda r: patch(r, "frac_pos_delta_nonpos", _set(0.8), 20), 21),
+    ("lazy_likelihood", "one bad update", lambda r: patch(r, "frac_pos_delta_nonpos", _set(1.0), 20, 21), None),
     ("lazy_likelihood", "correct likelihood falls while reward rises",
      lambda r: patch(r, "logp_pos_mean", lambda s, v: -0.5 - 0.05 * s), 15),
     ("lazy_likelihood", "correct likelihood falls, reward flat",
@@ -104,7 +106,7 @@ CASES = [
      lambda r: patch(r, "ref_kl", lambda s, v: 0.04 * 1.35 ** (s - 20), 21), 22),
     ("kl_blowup", "KL to reference grows quadratically", lambda r: patch(r, "ref_kl", lambda s, v: 1e-4 * s * s), None),
     ("kl_blowup", "policy KL 100x its median", lambda r: patch(r, "policy_kl", _set(0.01), 25, 26), 25),
-    ("kl_blowup", "clip fraction 0.4", lambda r: patch(r, "clip_frac", _set(0.4), 25, 26), 25),
+    ("kl_blowup", "clip fraction 0.4", lambda r: patch(r, "update_clip_frac", _set(0.4), 25, 26), 25),
     ("kl_blowup", "no reference pass (beta = 0)", lambda r: patch(r, "ref_kl", _set(None)), None),
     ("stale_weights", "mismatch from step 2", lambda r: patch(r, "rollout_trainer_k3", _set(0.03), 2), 2),
     ("stale_weights", "mismatch at step 1 only (never after a sync)",
@@ -224,7 +226,7 @@ def lora_of(model) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
 
-def test_auto_rollback_restores_the_last_checkpoint(tiny_model_dir, run_root):
+def test_auto_rollback_restores_the_last_checkpoint(tiny_model_dir, run_root, one_thread):
     from tinyrl.api import build_trainer
     from tests.test_training import small
 
@@ -274,21 +276,93 @@ class FrozenEngine:
         self.inner.load_state_dict(state)
 
 
-def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root):
+def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread, monkeypatch):
     from tests.test_training import small
-    from tinyrl.api import build_trainer
+    from tinyrl import api, rollout
+    from tinyrl.rollout.hf import HFEngine
     from tinyrl.trainer import StaleWeightsError
 
-    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
-        "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False,
-        "train.steps": 4}))
-    t.engine = FrozenEngine(t.engine, t.model)
+    # the run's engine is the frozen one: the trainer builds it through the ENGINES registry
+    monkeypatch.setitem(rollout.ENGINES, "hf", lambda model, tok, cfg, seed: FrozenEngine(HFEngine(model, tok, seed=seed), model))
     with pytest.raises(StaleWeightsError, match="stale_weights at step 2"):
-        t.train()
-    rows = read_jsonl(t.run.path / "metrics.jsonl")
+        api.train(**small(tiny_model_dir, run_root, **{
+            "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False,
+            "train.steps": 4, "log.name": "stale"}))
+    path = Path(run_root) / "stale"
+    rows = read_jsonl(path / "metrics.jsonl")
+    assert len(rows) == 2  # stopped at step 2 of 4
     assert rows[0]["rollout_trainer_k3"] < 1e-5 < 1e-3 < rows[1]["rollout_trainer_k3"]  # step 1 shares the weights
-    (alarm,) = read_jsonl(t.run.path / "alarms.jsonl")
+    (alarm,) = read_jsonl(path / "alarms.jsonl")
     assert alarm["name"] == "stale_weights" and alarm["fatal"] and alarm["step"] == 2
+    # the stopped run still gets its summary and report
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["error"].startswith("StaleWeightsError") and "stale_weights" in summary["alarms"]
+    assert "verdict: STOPPED - stale_weights at step 2" in (path / "report.txt").read_text()
+
+
+# --------------------------------------------------------------------------- collapse
+
+
+def reward_collapse_step(rows: list[dict], k: int = 3, frac: float = 0.5):
+    """First step whose k-step mean reward is below frac x the mean of the first k steps."""
+    r = [x["reward_mean"] or 0.0 for x in rows]
+    early = sum(r[:k]) / k
+    return next((rows[i]["step"] for i in range(k, len(r)) if sum(r[i - k + 1:i + 1]) / k < frac * early), None)
+
+
+def test_entropy_alarm_comes_before_a_reward_collapse_that_follows_it():
+    """The shape the entropy rule is for (an LLM run narrowing onto one answer, then failing):
+    entropy decays from step 8 while reward holds at 0.5, and the reward collapses at step 24."""
+    rows = patch(healthy(), "entropy", lambda s, v: 2.0 * 0.8 ** (s - 7), 8)
+    rows = patch(patch(rows, "reward_mean", _set(0.5), 1, 24), "reward_mean", _set(0.05), 24)
+    alarms = feed(rows)
+    fired, collapsed = steps_of(alarms, "entropy_collapse"), reward_collapse_step(rows)
+    assert collapsed == 25 and fired and fired[0] < collapsed - 5
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one intra-op thread is faster, and immune to a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def collapse_run(tmp_path_factory):
+    from tinyrl.api import train
+    from tinyrl.model import resolve_model
+
+    if not (Path(resolve_model("tiny-arith").path) / "config.json").exists():
+        pytest.skip("the shipped tiny-arith model is not built (python scripts/pretrain_tiny.py)")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train("tiny_collapse_cpu", **{"log.run_dir": str(tmp_path_factory.mktemp("collapse")),
+                                             "log.progress": False, "train.eval_before_after": False})
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_collapse_preset_is_flagged_before_the_reward_collapses(collapse_run):
+    rows = collapse_run.metrics
+    first = {}
+    for a in collapse_run.alarms:
+        first.setdefault(a["name"], a["step"])
+    collapsed = reward_collapse_step(rows)
+    assert rows[0]["reward_mean"] > 0.1, "the base model must solve some sums for a collapse to show"
+    assert collapsed is not None, [r["reward_mean"] for r in rows]
+    assert first.get("lazy_likelihood", math.inf) < collapsed, (first, collapsed)
+    assert "stale_weights" not in first  # the engine does sample from the trained weights
+
+
+def test_report_of_the_collapse_run(collapse_run):
+    from tinyrl.report import write_report
+
+    text = write_report(collapse_run.path)
+    assert "lazy_likelihood" in text and "verdict: NEEDS A LOOK - reward fell" in text
+    assert (collapse_run.path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # --------------------------------------------------------------------------- the run report

@@ -46,17 +46,32 @@ def build_trainer(preset=None, profile=None, resume=None, overrides: dict | None
 
 
 def train(preset=None, profile=None, resume=None, **overrides):
-    """Train a preset (or continue `resume`, a run folder); returns the finished `Run`."""
+    """Train a preset (or continue `resume`, a run folder); returns the finished `Run`.
+
+    The run folder gets summary.json and report.txt even when training stops on an error
+    (the stale-weights canary, a crash): the report is most useful exactly then."""
     trainer = build_trainer(preset, profile, resume, overrides)
-    run = trainer.train()
-    summary = {"eval_before": run.eval_before, "eval_after": run.eval_after, "steps": trainer.step,
-               "interrupted": run.interrupted, "skipped_steps": trainer.skipped_steps,
-               "reward_failures": trainer.rewards.total_failures, "alarms": [a["name"] for a in run.alarms]}
-    atomic_write_text(run.path / "summary.json", json.dumps(summary, indent=2))
+    run, error = None, None
+    try:
+        run = trainer.train()
+        return run
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        _write_summary(trainer, run, error)
+
+
+def _write_summary(trainer, run, error: str | None) -> None:
     from tinyrl.report import write_report
 
-    write_report(run.path)
-    return run
+    summary = {"eval_before": trainer.eval_before, "eval_after": run.eval_after if run else None,
+               "steps": trainer.step, "interrupted": bool(run and run.interrupted), "error": error,
+               "skipped_steps": trainer.skipped_steps, "no_signal_steps": trainer.no_signal_steps,
+               "reward_failures": trainer.rewards.total_failures,
+               "alarms": [a["name"] for a in trainer.monitor.fired]}
+    atomic_write_text(trainer.run.path / "summary.json", json.dumps(summary, indent=2))
+    write_report(trainer.run.path)
 
 
 def evaluate(preset=None, adapter=None, **overrides) -> float:

@@ -62,6 +62,7 @@ def save(trainer) -> Path:
         "engine": trainer.engine.state_dict(),
         "monitor": trainer.monitor.state_dict(),
         "skipped_steps": trainer.skipped_steps,
+        "no_signal_steps": trainer.no_signal_steps,
         "eval_before": trainer.eval_before,
         "reward_failures": trainer.rewards.total_failures,
     }
@@ -101,5 +102,6 @@ def load(trainer, path: Path) -> None:
     trainer.engine.sync(trainer.model)  # the engine samples from the restored adapter
     trainer.monitor.load_state_dict(state["monitor"])
     trainer.skipped_steps = state["skipped_steps"]
+    trainer.no_signal_steps = state.get("no_signal_steps", 0)
     trainer.eval_before = state["eval_before"]
     trainer.rewards.total_failures = dict(state["reward_failures"])

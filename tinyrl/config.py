@@ -197,7 +197,7 @@ class LogConfig:
     name: Optional[str] = None  # run folder name; default: preset name + timestamp
     samples_per_step: int = 4  # completions written to samples.jsonl each step
     progress: bool = True
-    track_likelihood: bool = True  # re-score positive-advantage responses after the update (LLD monitor)
+    track_likelihood: bool = True  # re-score the batch after the update: policy KL, update clip frac, LLD
 
 
 @dataclass

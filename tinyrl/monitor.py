@@ -14,10 +14,12 @@ table each; every threshold lives in `MonitorConfig`. The rules, in order:
     advantage_collapse        > 50% of groups have zero reward std over a window
     echo_trap                 within-group reward std falls > 50% below its recent median
                               while reward holds (neither high nor falling)
-    lazy_likelihood           correct responses' likelihood falls while reward rises
+    lazy_likelihood           correct responses' likelihood falls while reward rises, or the
+                              update lowers it for most of them (also: a step size too large)
     gradient_explosion        grad norm > 5x its rolling median, or a non-finite step (skipped)
     kl_blowup                 KL to the reference grows faster than linearly; policy KL /
-                              clip fraction far above their rolling median
+                              update clip fraction (tokens whose ratio the step moved
+                              past the clip range) far above their rolling median
     stale_weights (canary)    rollout-vs-trainer logprob mismatch after a weight sync: fatal
     length_shortcut           completion length falls > 50% while reward rises
     truncation                > 5% of completions hit max_new_tokens
@@ -58,7 +60,8 @@ class MonitorConfig:
     zero_std_max: float = 0.5  # mean zero_std_frac over a window above this
     echo_drop: float = 0.5  # group reward std falls by more than this fraction of its recent median
     lld_windows: int = 3  # windows in a row, each with lower correct-response likelihood
-    lld_nonpos_frac: float = 0.5  # mean frac_pos_delta_nonpos over a window above this
+    lld_nonpos_frac: float = 0.5  # mean frac_pos_delta_nonpos over lld_nonpos_steps above this ...
+    lld_nonpos_steps: int = 3  # ... (short: an overshooting step size shows here first)
     grad_explosion_factor: float = 5.0  # grad norm above this multiple of its rolling median
     median_window: int = 20  # steps behind the rolling medians (grad norm, policy KL, clip frac)
     kl_accel_factor: float = 3.0  # ref-KL slope over the last window vs the window before
@@ -87,7 +90,7 @@ class MonitorConfig:
                and isinstance(getattr(self, f.name), (int, float)) and getattr(self, f.name) < 0]
         if bad:
             raise ConfigError(f"{p}.{bad[0]}: must be >= 0, got {getattr(self, bad[0])}")
-        for name in ("window", "confirm_steps", "baseline_steps", "lld_windows", "median_window"):
+        for name in ("window", "confirm_steps", "baseline_steps", "lld_windows", "lld_nonpos_steps", "median_window"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{p}.{name}: must be >= 1, got {getattr(self, name)}")
         unknown = [r for r in self.disabled if r not in RULES]
@@ -197,10 +200,12 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     action = "turn on LLDS: algo.llds_lambda=0.2 with algo.num_iterations>=2"
-    nonpos = _vals(h[-c.window:], "frac_pos_delta_nonpos")
-    if len(nonpos) == c.window and _mean(nonpos) > c.lld_nonpos_frac:
+    nonpos = _vals(h[-c.lld_nonpos_steps:], "frac_pos_delta_nonpos")
+    if len(nonpos) == c.lld_nonpos_steps and _mean(nonpos) > c.lld_nonpos_frac:
         return Finding(f"the update lowered the likelihood of {_mean(nonpos):.0%} of the positive-advantage "
-                       f"responses (mean over the last {c.window} steps)", action)
+                       f"responses it was meant to reinforce (mean over the last {c.lld_nonpos_steps} steps)",
+                       f"{action}; if reward is falling too, the step is too large: lower train.lr "
+                       "(and keep train.max_grad_norm ~1)")
     n = c.lld_windows * c.window
     if len(h) < n:
         return None
@@ -238,7 +243,7 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
         if new > c.kl_accel_factor * max(old, c.kl_floor / c.window):
             return Finding(f"KL to the reference {kl[-1]:.3g} is accelerating: slope {new:.3g}/step over the last "
                            f"{c.window} steps vs {old:.3g}/step before (> {c.kl_accel_factor:g}x)", action)
-    checks = (("policy_kl", c.policy_kl_factor, c.policy_kl_floor), ("clip_frac", c.clip_frac_factor, c.clip_frac_floor))
+    checks = (("policy_kl", c.policy_kl_factor, c.policy_kl_floor), ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
     for key, factor, floor in checks:
         hit = _spike(h, key, factor, floor, c)
         if hit:
@@ -357,36 +362,23 @@ def _raise_epsilon_high(trainer) -> str:
 
 
 def _rollback(trainer) -> str:
-    """Reload adapter weights and optimizer state from the last checkpoint. The step count, LR
-    schedule, data order, RNG and monitor history go on: replaying the same batches would only
-    repeat the explosion."""
-    mon = trainer.monitor
-    ckpt = trainer.run.latest_checkpoint()
+    """Reload the adapter weights and optimizer state of the last checkpoint. Step count, LR
+    schedule, data order and RNG go on: replaying the same batches would repeat the explosion."""
+    mon, ckpt = trainer.monitor, trainer.run.latest_checkpoint()
     if ckpt is None:
         return "no checkpoint to roll back to (set train.save_every); nothing changed"
     if mon.rollbacks >= mon.cfg.max_rollbacks:
         return f"rolled back {mon.rollbacks} times already (monitor.max_rollbacks); nothing changed"
     import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
 
-    from tinyrl import checkpoint
+    from tinyrl.checkpoint import STATE_FILE
 
-    keep = {"step": trainer.step, "skipped_steps": trainer.skipped_steps, "eval_before": trainer.eval_before}
-    sched, rng = trainer.scheduler.state_dict(), checkpoint._rng_state()
-    prompts, engine = trainer.prompts.state_dict(), trainer.engine.state_dict()
-    monitor = (mon.history, mon.fired, mon.rollbacks)
-    failures = dict(trainer.rewards.total_failures)
-    trainer.load_checkpoint(ckpt)  # weights, optimizer, and everything else: put the rest back
-    for k, v in keep.items():
-        setattr(trainer, k, v)
-    trainer.scheduler.load_state_dict(sched)
-    checkpoint._set_rng_state(rng)
-    trainer.prompts.load_state_dict(prompts)
-    trainer.engine.load_state_dict(engine)
-    mon.history, mon.fired, mon.rollbacks = monitor
-    trainer.rewards.total_failures = failures
+    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
+    trainer.optimizer.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"])
+    trainer.engine.sync(trainer.model)  # the engine must sample from the restored weights
     mon.rollbacks += 1
-    with torch.no_grad():
-        trainer.engine.sync(trainer.model)  # the engine must sample from the restored weights
     return f"rolled back adapter weights and optimizer to {ckpt.name} (rollback {mon.rollbacks}/{mon.cfg.max_rollbacks})"
 
 

@@ -23,7 +23,8 @@ SUMMARY = [
     ("entropy", "entropy"),
     ("policy_kl", "policy KL"),
     ("ref_kl", "KL to reference"),
-    ("clip_frac", "clip fraction"),
+    ("clip_frac", "clip fraction (loss)"),
+    ("update_clip_frac", "moved past clip range"),
     ("grad_norm", "grad norm"),
     ("completion_len", "length (tokens)"),
     ("truncated_frac", "truncated"),
@@ -77,6 +78,8 @@ def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -
     if fatal:
         a = fatal[0]
         return f"verdict: STOPPED - {a['name']} at step {a['step']}: {a['action']}"
+    if summary and summary.get("error"):
+        return f"verdict: FAILED at step {summary.get('steps')} - {summary['error']}"
     start, end = _trend(rows) or (float("nan"), float("nan"))
     move = "rose" if end > start + 0.02 else "fell" if end < start - 0.02 else "stayed flat"
     trend = f"reward {move} ({start:.3f} -> {end:.3f})"
@@ -108,7 +111,7 @@ def plot(rows: list[dict], alarms: list[dict], path: Path) -> bool:
             ax.axvline(a["step"], color="red" if a.get("fatal") else "orange", ls="--", lw=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
-        if ax.lines:
+        if any(not line.get_label().startswith("_") for line in ax.lines):
             ax.legend(fontsize=7)
     if alarms:
         fig.suptitle("alarms: " + ", ".join(f"{a['name']}@{a['step']}" for a in alarms[:6]), fontsize=9)

@@ -16,6 +16,7 @@ import logging
 import math
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class Trainer:
         self.monitor = Monitor(cfg.monitor)
         self.step = 0
         self.skipped_steps = 0
+        self.no_signal_steps = 0
         self.eval_before: float | None = None
         self._stop_signal = False
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
@@ -106,11 +108,12 @@ class Trainer:
                 for s in samples:
                     samples_out.write(s)
                 for alarm in self.monitor.update(self.step, metrics):
-                    alarms_out.write(alarm.__dict__)
                     log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
+                    if not alarm.fatal:
+                        apply_action(self, alarm)  # optional automatic fixes (off by default)
+                    alarms_out.write(alarm.__dict__)  # with what the auto-action did, if one ran
                     if alarm.fatal:
                         raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
-                    apply_action(self, alarm)  # optional automatic fixes (off by default)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.3g}")
@@ -146,22 +149,25 @@ class Trainer:
         if cfg.algo.beta > 0:
             batch.ref_logprobs = score_logprobs(self.model, batch, cfg.rollout.temperature, cfg.train.micro_batch_size,
                                                 cfg.algo.chunk_size, cfg.algo.loss_impl, reference=True)
-        first = None
+        first = last = None
         for it in range(cfg.algo.num_iterations):  # 5-6
-            res = policy_update(
+            last = policy_update(
                 self.model, self.optimizer, batch, self.loss_settings, temperature=cfg.rollout.temperature,
                 micro_batch=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
                 chunk_size=cfg.algo.chunk_size, impl=cfg.algo.loss_impl, use_tis=cfg.algo.tis != "none")
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a step taken without an optimiser step still advances the schedule
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
+                self.scheduler.step()
             if it == 0:
-                first = res
-                batch.old_logprobs = res.logprobs  # fixed for the later passes over this batch
-            self.skipped_steps += res.skipped
-        likelihood = self._likelihood_change(batch, first) if cfg.log.track_likelihood else {}
+                first = last
+                batch.old_logprobs = last.logprobs  # fixed for the later passes over this batch
+            self.skipped_steps += last.skipped
+            self.no_signal_steps += last.no_signal
+        moved = self._update_effect(batch, first) if cfg.log.track_likelihood else {}
         self.engine.sync(self.model)  # 7
         self.step += 1
         dt = time.perf_counter() - t0
-        metrics = self._metrics(batch, first, {**roll_stats, **likelihood}, dt, t_gen)
+        metrics = self._metrics(batch, first, last, {**roll_stats, **moved}, dt, t_gen)
         return metrics, self._samples(batch)
 
     # ------------------------------------------------------------------ phases
@@ -221,26 +227,38 @@ class Trainer:
     def evaluate(self) -> float:
         return accuracy(self.engine, self.eval_rows, self.task, self.sampling)
 
-    def _likelihood_change(self, batch: Rollouts, first) -> dict:
-        """Re-score the positive-advantage responses after the update: did their likelihood rise?"""
+    def _update_effect(self, batch: Rollouts, first) -> dict:
+        """Re-score the batch after the update: how far did the policy move (KL old->new, and the
+        tokens whose ratio left the clip range), and did the positive-advantage responses'
+        likelihood rise, as the update meant it to (lazy likelihood displacement when not)?"""
+        if first.no_signal:  # no optimiser step was taken: the weights did not move
+            return {"policy_kl": 0.0, "update_clip_frac": 0.0}
         m = batch.completion_mask.float()
-        adv = batch.advantages if batch.advantages.dim() == 1 else (batch.advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
-        pos = torch.nonzero(adv > 0).squeeze(-1)
-        if pos.numel() == 0:
-            return {}
-        sub = batch.select(pos)
-        new = score_logprobs(self.model, sub, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
+        new = score_logprobs(self.model, batch, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
                              self.cfg.algo.chunk_size, self.cfg.algo.loss_impl)
-        mp = m[pos]
-        old = first.logprobs[pos]
-        delta = ((new - old) * mp).sum(-1)  # per response, change of its total log-likelihood
-        return {"logp_pos_mean": float((old * mp).sum() / mp.sum().clamp(min=1)),
-                "logp_pos_delta": float(delta.sum() / mp.sum().clamp(min=1)),  # per token
-                "frac_pos_delta_nonpos": float((delta <= 0).float().mean())}
+        old = first.logprobs
+        log_r = (new - old) * m
+        n = m.sum().clamp(min=1)
+        adv = batch.advantages if batch.advantages.dim() == 1 else (batch.advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
+        ratio, a = torch.exp(log_r), adv[:, None]
+        s = self.loss_settings
+        out_of_range = ((ratio > 1 + s.epsilon_high) & (a > 0)) | ((ratio < 1 - s.epsilon_low) & (a < 0))
+        out = {"policy_kl": float(((torch.exp(-log_r) + log_r - 1) * m).sum() / n),  # k3 of KL(old || new)
+               "update_clip_frac": float((out_of_range * m).sum() / n)}
+        pos = adv > 0
+        if pos.any():
+            mp = m[pos]
+            delta = log_r[pos].sum(-1)  # per response, change of its total log-likelihood
+            out.update({"logp_pos_mean": float((old[pos] * mp).sum() / mp.sum().clamp(min=1)),
+                        "logp_pos_delta": float(delta.sum() / mp.sum().clamp(min=1)),  # per token
+                        "frac_pos_delta_nonpos": float((delta <= 0).float().mean())})
+        return out
 
     # ------------------------------------------------------------------ logging
 
-    def _metrics(self, batch: Rollouts, res, roll_stats: dict, dt: float, t_gen: float) -> dict:
+    def _metrics(self, batch: Rollouts, res, last, roll_stats: dict, dt: float, t_gen: float) -> dict:
+        """`res` is the first pass over the batch (entropy and logprobs of the sampling policy),
+        `last` the last (its loss stats: clip fractions are 0 by construction with one pass)."""
         m = batch.completion_mask.float()
         n_tok = float(m.sum())
         valid = ~torch.isnan(batch.rewards)
@@ -251,13 +269,15 @@ class Trainer:
             "reward_mean": float(batch.rewards[valid].mean()) if valid.any() else float("nan"),
             "reward_std": float(batch.rewards[valid].std()) if valid.sum() > 1 else 0.0,
             **{f"reward/{k}": float(torch.nanmean(v)) for k, v in batch.reward_components.items()},
-            "loss": res.stats.get("loss", float("nan")),
-            **{k: v for k, v in res.stats.items() if k != "loss"},
+            "loss": last.stats.get("loss", float("nan")),
+            **{k: v for k, v in last.stats.items() if k != "loss"},
+            "entropy": res.stats.get("entropy", float("nan")),
             "entropy_p10": float(torch.quantile(ent, 0.1)) if ent.numel() else 0.0,
             "entropy_p90": float(torch.quantile(ent, 0.9)) if ent.numel() else 0.0,
             "grad_norm": res.grad_norm,
             "skipped_nonfinite": bool(res.skipped),
             "skipped_steps_total": self.skipped_steps,
+            "skipped_no_signal": bool(last.no_signal),
             "completion_len": float(batch.completion_lengths.float().mean()),
             "truncated_frac": float(batch.truncated.float().mean()),
             "rollout_trainer_k3": float(((torch.exp(d) - d - 1) * m).sum() / max(n_tok, 1)),

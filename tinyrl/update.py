@@ -8,6 +8,7 @@ gradient.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ class UpdateResult:
     stats: dict  # token-weighted loss stats over the batch
     grad_norm: float  # before clipping
     skipped: bool  # non-finite loss or gradient: optimiser step not taken
+    no_signal: bool  # nothing to learn (all advantages 0, no KL term): optimiser step not taken
     logprobs: torch.Tensor  # [N, T] trainer logprobs seen in this pass (detached)
     entropy: torch.Tensor  # [N, T]
 
@@ -73,8 +75,14 @@ class _null:
 def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, temperature: float,
                   micro_batch: int, max_grad_norm: float, chunk_size: int, impl: str,
                   use_tis: bool) -> UpdateResult:
-    """One optimiser step over the whole batch (gradient accumulation over micro-batches)."""
+    """One optimiser step over the whole batch (gradient accumulation over micro-batches).
+
+    A batch with no learning signal (every advantage 0 and no KL or LLDS term: all groups solved
+    or all failed) is scored but not stepped: AdamW would still move the weights on its momentum
+    and weight decay, drifting the policy on a batch that says nothing."""
     loss_mask = batch.loss_mask.float()
+    no_signal = (settings.beta == 0 and settings.llds_lambda == 0
+                 and not bool((batch.advantages.reshape(loss_mask.shape[0], -1) != 0).any()))
     totals = BatchTotals.of(loss_mask, batch.completion_ids.shape[1])
     if settings.top_entropy_quantile is not None:  # the loss normaliser counts the kept tokens only
         totals.num_tokens *= settings.top_entropy_quantile
@@ -86,32 +94,37 @@ def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, 
     acc: dict[str, float] = {}
     loss_total = 0.0
     finite = True
-    for rows in micro_batches(batch.num_rows, micro_batch):
-        h = completion_hidden(model, batch, rows)
-        dev = h.device
-        pick = lambda t: None if t is None else t[rows].to(dev)  # noqa: E731
-        out = kernels.fused_linear_grpo_loss(
-            h, weight, batch.completion_ids[rows].to(dev), loss_mask[rows].to(dev), batch.advantages[rows].to(dev),
-            settings, bias=bias, old_logp=pick(batch.old_logprobs), ref_logp=pick(batch.ref_logprobs),
-            rollout_logp=pick(batch.sampling_logprobs) if use_tis else None, totals=totals,
-            temperature=temperature, chunk_size=chunk_size, impl=impl)
-        if not torch.isfinite(out.loss):
-            finite = False
-            break
-        out.loss.backward()
-        loss_total += float(out.loss.detach())
-        logprobs[rows] = out.logprobs.detach().float().cpu()
-        entropy[rows] = out.entropy.float().cpu()
-        w = out.stats.get("tokens", 0.0)
-        for k, v in out.stats.items():
-            acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
-    skipped = not (finite and torch.isfinite(torch.tensor(grad_norm)))
-    if skipped:
-        optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+    with torch.set_grad_enabled(not no_signal):
+        for rows in micro_batches(batch.num_rows, micro_batch):
+            h = completion_hidden(model, batch, rows)
+            dev = h.device
+            pick = lambda t: None if t is None else t[rows].to(dev)  # noqa: E731
+            out = kernels.fused_linear_grpo_loss(
+                h, weight, batch.completion_ids[rows].to(dev), loss_mask[rows].to(dev), batch.advantages[rows].to(dev),
+                settings, bias=bias, old_logp=pick(batch.old_logprobs), ref_logp=pick(batch.ref_logprobs),
+                rollout_logp=pick(batch.sampling_logprobs) if use_tis else None, totals=totals,
+                temperature=temperature, chunk_size=chunk_size, impl=impl)
+            if not torch.isfinite(out.loss):
+                finite = False
+                break
+            if not no_signal:
+                out.loss.backward()
+            loss_total += float(out.loss.detach())
+            logprobs[rows] = out.logprobs.detach().float().cpu()
+            entropy[rows] = out.entropy.float().cpu()
+            w = out.stats.get("tokens", 0.0)
+            for k, v in out.stats.items():
+                acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
+    if no_signal and finite:
+        grad_norm, skipped = 0.0, False
     else:
-        optimizer.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
+        skipped = not (finite and math.isfinite(grad_norm))
+        if skipped:
+            optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+        else:
+            optimizer.step()
     n_tok = max(acc.pop("tokens", 0.0), 1.0)
     stats = {k: v / n_tok for k, v in acc.items()}
     stats["loss"] = loss_total
-    return UpdateResult(stats, grad_norm, skipped, logprobs, entropy)
+    return UpdateResult(stats, grad_norm, skipped, no_signal and finite, logprobs, entropy)

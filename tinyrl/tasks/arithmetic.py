@@ -83,10 +83,10 @@ def build(num_train: int, num_eval: int, seed: int = 0, digits: int = 2) -> tupl
     """(train_rows, eval_rows): distinct `digits`-digit sums, disjoint pools, deterministic for a seed."""
     if not 1 <= digits <= 9:
         raise ValueError(f"arithmetic: digits must be in 1..9, got {digits}")
-    rng = random.Random(f"arithmetic-{seed}-{digits}")
-    train = [make_row(a, b) for a, b in _draw(rng, digits, False, num_train)]
-    held = [make_row(a, b) for a, b in _draw(rng, digits, True, num_eval)]
-    return train, held
+    # one random stream per pool: the held-out rows of a seed do not depend on num_train
+    train = _draw(random.Random(f"arithmetic-train-{seed}-{digits}"), digits, False, num_train)
+    held = _draw(random.Random(f"arithmetic-eval-{seed}-{digits}"), digits, True, num_eval)
+    return [make_row(a, b) for a, b in train], [make_row(a, b) for a, b in held]
 
 
 def is_correct(completion: str, row: dict) -> bool:
