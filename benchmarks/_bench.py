@@ -130,7 +130,7 @@ def lora_moved(before: dict, model) -> dict:
 # --------------------------------------------------------------------------- models
 
 
-def make_random_llama(path: str, hidden: int = 128, layers: int = 3, heads: int = 4, no_eos: bool = False,
+def make_random_llama(path: str, hidden: int = 128, layers: int = 2, heads: int = 4, no_eos: bool = False,
                       seed: int = 0) -> str:
     """A random Llama shaped like tiny-arith (char tokenizer: <pad> </s> <unk> + digits, '+', '=', newline).
 
@@ -230,6 +230,7 @@ def run_tinyrl(spec, root: str) -> dict:
     return {
         "step_s": _deltas(t0, ends),
         "completion_len": [x["completion_len"] for x in m],
+        "rollout_s": [x["gen_time"] for x in m],  # generate + rewards + advantages, inside step_s
         "rows_per_generate": rows_per_round,
         "reward_mean": [x["reward_mean"] for x in m],
         "grad_norm": [x["grad_norm"] for x in m],
@@ -254,6 +255,9 @@ def load_hf(spec):
     tok = load_tokenizer(resolved)  # left padding, pad = eos when missing
     cfg = SimpleNamespace(dtype="float32", load_in_4bit=spec["qlora"])
     model = load_base_model(cfg, resolved)
+    # tinyrl's loader switches the config's KV cache off (it asks for one explicitly in generate);
+    # TRL's generate reads the config, so give it back what from_pretrained would have given it.
+    model.config.use_cache = True
     if resolved.gguf_file and not spec["qlora"]:
         # transformers de-quantises a GGUF file to plain float weights but leaves the model marked
         # "quantized (GGUF)", which Trainer refuses to train; the weights are ordinary nn.Linear.

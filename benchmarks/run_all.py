@@ -109,13 +109,13 @@ def main() -> None:
     print(f"\n## 3. fused GRPO loss (benchmarks/fused_loss.py {' '.join(loss_args)})", flush=True)
     text, loss = run_fused_loss(loss_args, args.timeout)
     print(text)
+    if args.json:  # before the table, so a table bug never costs the measurements
+        Path(args.json).write_text(json.dumps({**vs, "fused_loss": loss, "fused_loss_text": text}, indent=1))
     vocab = re.search(r"V=(\d+)", text)
     print(f"\n## combined ({time.perf_counter() - t0:.0f} s in all; machine: {args.threads} threads)")
     print(combined(vs["cases"], vs["scaling"], loss, f"V={vocab[1]}" if vocab else ""))
     print("ratio = tinyrl / other; targets from issue 9. Timings on a shared machine are noisy: "
           "see the per-repeat figures above.")
-    if args.json:
-        Path(args.json).write_text(json.dumps({**vs, "fused_loss": loss, "fused_loss_text": text}, indent=1))
 
 
 if __name__ == "__main__":

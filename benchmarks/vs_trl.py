@@ -51,11 +51,12 @@ SIDES = ("tinyrl", "trl")
 STEP_TARGET, RSS_TARGET = 0.5, 0.6
 
 TINY = dict(model="tiny-arith", task="arithmetic", prompts=16, generations=8, max_new_tokens=8, micro_batch=64,
-            steps=6, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
+            steps=12, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
 SMOL = dict(model="smollm2-135m-instruct", task="reasoning_gym", format_weight=0.2,
             task_args=dict(dataset="basic_arithmetic", min_terms=2, max_terms=2, min_digits=1, max_digits=2,
                            operators=["+"], allow_parentheses=False, allow_negation=False),
-            digit_weight=0.1, num_train=64, prompts=2, generations=4, max_new_tokens=32, micro_batch=8, steps=4, lr=1e-4,
+            digit_weight=0.1, num_train=64, prompts=2, generations=4, max_new_tokens=32, micro_batch=8, steps=4,
+            lr=1e-4,
             lora_r=8, lora_alpha=16, lora_targets=["q_proj", "k_proj", "v_proj", "o_proj"], temperature=0.8)
 CASES = {
     "tiny-lora": TINY,
@@ -66,7 +67,7 @@ CASES = {
 SCALING_G = (4, 8, 16)  # at SCALING_L_FIXED tokens
 SCALING_L = (64, 128, 256)  # at SCALING_G_FIXED completions per prompt
 SCALING_G_FIXED, SCALING_L_FIXED = 8, 128
-SCALING = dict(task="dense", prompts=4, steps=3, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
+SCALING = dict(task="dense", prompts=4, steps=5, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
 
 
 # --------------------------------------------------------------------------- running
@@ -120,6 +121,8 @@ def summarise(runs: list[dict], warmup: int = 1) -> dict:
         "lora_changed": f"{min(r['lora_tensors_changed'] for r in ok)}/{ok[0]['lora_tensors']}",
         "lora_max_abs_change": min(r["lora_max_abs_change"] for r in ok),
         "reward_first_last": [ok[0]["reward_mean"][0], ok[0]["reward_mean"][-1]] if ok[0]["reward_mean"] else None,
+        "rollout_s": (statistics.median(x for r in ok for x in r["rollout_s"][warmup:])
+                      if all(len(r.get("rollout_s", [])) > warmup for r in ok) else None),
         "runs": len(ok),
         "errors": [r["error"] for r in runs if "error" in r],
     }
@@ -150,16 +153,39 @@ def stand_in_model(root: str, no_eos: bool) -> str:
 
     path = os.path.join(root, "noeos" if no_eos else "random")
     if not os.path.isdir(path):
-        make_random_llama(path, no_eos=no_eos)
+        shape = {}
+        if tiny_arith_built():  # the same shape as the shipped model
+            cfg = json.loads((Path(str(resources.files("tinyrl.assets"))) / "tiny-arith" / "config.json").read_text())
+            shape = dict(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"])
+        make_random_llama(path, no_eos=no_eos, **shape)
+    return path
+
+
+def float_copy(name: str, root: str) -> str:
+    """A safetensors (float32) folder of a GGUF model, made once per benchmark run."""
+    path = os.path.join(root, name + "-float32")
+    if not os.path.isdir(path):
+        code = ("import sys; from types import SimpleNamespace as N; from tinyrl.model import *; "
+                "r = resolve_model(sys.argv[1]); load_tokenizer(r).save_pretrained(sys.argv[2]); "
+                "m = load_base_model(N(dtype='float32', load_in_4bit=False), r); "
+                "m.hf_quantizer = None; m.is_quantized = False; "
+                "m.config.__dict__.pop('quantization_config', None); m.save_pretrained(sys.argv[2])")
+        subprocess.run([sys.executable, "-c", code, name, path], check=True, capture_output=True)
     return path
 
 
 def case_spec(name: str, root: str, quick: bool, threads: int) -> tuple[dict, str]:
+    from tinyrl.model import resolve_model
+
     spec = {**CASES[name], "threads": threads}
     note = ""
     if spec["model"] == "tiny-arith" and not tiny_arith_built():
         spec.update(model=stand_in_model(root, no_eos=False), task="dense")
         note = "tiny-arith not built: random tiny-arith-shaped Llama, dense reward"
+    if resolve_model(spec["model"]).gguf_file:
+        spec["model"] = float_copy(spec["model"], root)
+        note = ("GGUF de-quantised once to a float32 safetensors copy that both sides load (same weights; "
+                "parsing the GGUF costs ~1 min per process, and nf4 cannot be applied to a GGUF load)")
     if quick:
         spec["steps"] = 3
     return spec, note
@@ -226,7 +252,8 @@ def scaling_table(rows: list[dict]) -> str:
         lines.append(f"{r['G']:>3} {r['L']:>4} {a['completions_per_step']:>5.0f}  {a['step_s']:>8.2f} "
                      f"{b['step_s']:>7.2f} {r['step_ratio']:>6.2f}  {a['peak_rss_mib']:>9.0f}M "
                      f"{b['peak_rss_mib']:>7.0f}M {r['rss_ratio']:>5.2f}  "
-                     f"{a['peak_rss_mib'] - a['rss_setup_mib']:>12.0f}M {b['peak_rss_mib'] - b['rss_setup_mib']:>9.0f}M")
+                     f"{a['peak_rss_mib'] - a['rss_setup_mib']:>12.0f}M "
+                     f"{b['peak_rss_mib'] - b['rss_setup_mib']:>9.0f}M")
     lines.append("+train: peak RSS minus the RSS just before training (what the training loop itself adds).")
     return "\n".join(lines)
 
@@ -243,7 +270,9 @@ def fairness_notes(results: dict) -> str:
                    f"mean completion {a['completion_len']:.1f} vs {b['completion_len']:.1f} tokens, "
                    f"LoRA tensors changed {a['lora_changed']} vs {b['lora_changed']} "
                    f"(max |dW| {a['lora_max_abs_change']:.2g} vs {b['lora_max_abs_change']:.2g}), "
-                   f"per-repeat step s {_list(a['step_s_per_repeat'])} vs {_list(b['step_s_per_repeat'])}")
+                   f"per-repeat step s {_list(a['step_s_per_repeat'])} vs {_list(b['step_s_per_repeat'])}"
+                   + (f", tinyrl rollout (generate + reward) {a['rollout_s']:.2f} s of its {a['step_s']:.2f} s step"
+                      if a.get("rollout_s") is not None else ""))
     return "\n".join(out)
 
 
