@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import signal
 import time
 import warnings
@@ -156,7 +157,7 @@ class Trainer:
                 micro_batch=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
                 chunk_size=cfg.algo.chunk_size, impl=cfg.algo.loss_impl, use_tis=cfg.algo.tis != "none")
             with warnings.catch_warnings():  # a step taken without an optimiser step still advances the schedule
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()`", UserWarning)
+                warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"), UserWarning)
                 self.scheduler.step()
             if it == 0:
                 first = last
