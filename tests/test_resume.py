@@ -43,14 +43,18 @@ def test_kill_9_then_resume_equals_uninterrupted_run(tiny_model_dir, run_root):
     args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}"
             for k, v in overrides(tiny_model_dir, run_root, "killed").items()]
     proc = cli(args)
-    metrics = Path(run_root) / "killed" / "metrics.jsonl"
+    run = RunDir(Path(run_root) / "killed")
+
+    def saved_steps() -> int:  # the step's metrics row is written before its checkpoint: wait for the checkpoint
+        latest = run.latest_checkpoint()
+        return int(latest.name.rsplit("-", 1)[-1]) if latest else 0
+
     deadline = time.time() + 240
-    while time.time() < deadline and len(read_jsonl(metrics)) < kill_after and proc.poll() is None:
-        time.sleep(0.05)
+    while time.time() < deadline and saved_steps() < kill_after and proc.poll() is None:
+        time.sleep(0.02)
     assert proc.poll() is None, proc.stderr.read()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    run = RunDir(Path(run_root) / "killed")
     assert run.latest_checkpoint() is not None and not (run.path / "adapter").exists()
 
     resumed = cli(["--resume", str(run.path)])

@@ -28,6 +28,11 @@ def make_batch(dtype=torch.float64, device="cpu", bias=False):
         lp, _ = naive_linear_logprobs(h.reshape(-1, H), w, t.reshape(-1), bias=b, temperature=0.8)
     lp = lp.reshape(N, T)
     old = lp + (torch.rand(N, T, dtype=torch.float64) - 0.5) * 1.4  # ratio in ~[0.5, 2]
+    # keep every ratio clear of the clip edges of `settings()`: a low-precision logprob must not
+    # move a token across an edge (its gradient switches on or off there, a jump no tolerance covers)
+    for edge in (math.log(1 - EPS_LOW), math.log(1 + EPS_HIGH)):
+        gap = (lp - old) - edge
+        old = torch.where(gap.abs() < 0.08, old - 0.16 * torch.where(gap >= 0, 1.0, -1.0), old)
     old[0, 0], old[1, 0] = lp[0, 0] - 0.7, lp[1, 0] + 0.7  # sure clips: ratio 2 at A > 0, 0.5 at A < 0
     ref = lp + torch.randn(N, T, dtype=torch.float64) * 0.3
     roll = old + torch.randn(N, T, dtype=torch.float64) * 0.4
@@ -37,8 +42,11 @@ def make_batch(dtype=torch.float64, device="cpu", bias=False):
                 old=old.to(device), ref=ref.to(device), roll=roll.to(device))
 
 
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
 def settings(agg="token_mean", kl=False, tis=False, **kw) -> LossSettings:
-    return LossSettings(epsilon_low=0.2, epsilon_high=0.28, loss_agg=agg, beta=0.05 if kl else 0.0,
+    return LossSettings(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, loss_agg=agg, beta=0.05 if kl else 0.0,
                         tis="token" if tis else "none", tis_cap=1.2, **kw)
 
 
