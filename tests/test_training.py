@@ -53,6 +53,39 @@ def test_qlora_4bit_step_on_cpu_trains_the_adapter(tiny_model_dir, run_root):
     assert any(not torch.equal(lora0[n], lora1[n]) for n in lora0)
 
 
+def test_qlora_gradient_survives_a_no_grad_rollout(tiny_model_dir):
+    """A rollout (eval mode, no grad) must not change how the 4-bit base trains afterwards.
+
+    bitsandbytes on an AVX512-BF16 CPU repacks an eval-mode Linear4bit for a kernel with no
+    backward on its first no-grad forward; tinyrl turns that off (model.keep_4bit_weights_trainable).
+    On CPUs without AVX512-BF16 the repacking never happens and both twins agree anyway."""
+    from tinyrl.config import config_from_dict
+    from tinyrl.model import load_policy
+
+    cfg = config_from_dict({"model": {"name": tiny_model_dir, "load_in_4bit": True}, "lora": {"r": 4, "alpha": 8}})
+    ids = torch.tensor([[3, 12, 4, 13, 5, 6, 7, 8]])
+
+    def lora_grads(rollout_first: bool):
+        torch.manual_seed(0)
+        model, _ = load_policy(cfg.model, cfg.lora)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+        if rollout_first:
+            model.eval()
+            with torch.no_grad():
+                model(ids)
+            model.train()
+        model(ids).logits.log_softmax(-1)[0, :, 1].sum().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    fresh, after = lora_grads(False), lora_grads(True)
+    assert fresh.keys() == after.keys() and len(fresh) > 0
+    for n in fresh:
+        torch.testing.assert_close(after[n], fresh[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
 def crashing_reward(prompts, completions, **kw):
     raise ValueError("grader exploded")
 

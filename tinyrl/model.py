@@ -106,7 +106,25 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
     except OSError as e:
         raise ModelLoadError(f"model.name: could not load {resolved.path!r}: {e}") from e
     model.config.use_cache = False
+    if cfg_model.load_in_4bit:
+        keep_4bit_weights_trainable(model)
     return model
+
+
+def keep_4bit_weights_trainable(model) -> int:
+    """Stop bitsandbytes repacking 4-bit weights for its CPU inference kernel; returns how many layers.
+
+    On a CPU with AVX512-BF16, a `Linear4bit` in eval mode that sees an input without grad
+    (a rollout, a no-grad re-score) permanently converts its weight to a packed layout served
+    by `gemv_4bit`, a kernel with no backward: every later training forward then drops the
+    gradient through the frozen base (torch only warns), and the packed kernel's bf16 rounding
+    makes rollout and trainer logprobs differ from the nf4 weights' true values. The trainer
+    runs such forwards every step, so the conversion is switched off (bitsandbytes 0.50).
+    """
+    layers = [m for m in model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    for m in layers:
+        m.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
