@@ -40,6 +40,29 @@ def test_step_changes_lora_and_never_the_base(tiny_model_dir, run_root):
     assert metrics["grad_norm"] > 0 and not metrics["skipped_nonfinite"]
 
 
+@pytest.mark.parametrize("targets", [["lm_head"], ["q_proj", "lm_head"]])
+def test_lora_on_lm_head_trains_and_the_rollout_samples_it(tiny_model_dir, run_root, targets):
+    """The fused loss applies the head itself, so a LoRA on lm_head must be folded into its weight:
+    otherwise the head's adapter gets no gradient (lm_head alone: nothing requires grad at all)."""
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
+        "lora.target_modules": targets, "reward.functions": [f"{__name__}:reward_by_length"],
+        "train.eval_before_after": False, "train.lr": 3e-2}))
+    head0 = {n: p.detach().clone() for n, p in t.model.named_parameters() if "lm_head.lora_" in n}
+    assert head0
+    t.train_step()
+    second, _ = t.train_step()  # rollout from the updated head, scored by the trainer
+    head1 = {n: p.detach() for n, p in t.model.named_parameters() if "lm_head.lora_" in n}
+    assert all(not torch.equal(head0[n], head1[n]) for n in head0)
+    assert second["rollout_trainer_maxdiff"] < 1e-4  # engine and trainer see the same trained head
+    with torch.no_grad():  # and the reference (adapter disabled) is the untouched base head
+        from tinyrl.model import lm_head_of, output_projection, reference_context
+
+        with reference_context(t.model):
+            w_ref, _ = output_projection(t.model)
+        w_pol, _ = output_projection(t.model)
+    assert torch.equal(w_ref, lm_head_of(t.model).base_layer.weight) and not torch.equal(w_ref, w_pol)
+
+
 def test_qlora_4bit_step_on_cpu_trains_the_adapter(tiny_model_dir, run_root):
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
         "model.load_in_4bit": True, "reward.functions": [f"{__name__}:reward_by_length"],

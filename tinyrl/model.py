@@ -185,6 +185,28 @@ def lm_head_of(model):
     return model.get_output_embeddings()
 
 
+def output_projection(model):
+    """(weight, bias) of the lm_head as the model's forward applies it right now.
+
+    The fused loss multiplies hidden states by this weight itself, so a LoRA adapter on the
+    head must be folded in: the base weight plus each active, unmerged adapter's delta
+    (differentiable, so the head's LoRA trains), or the base weight alone inside
+    `reference_context`. LoRA dropout on the head is not applied (the head acts as in eval
+    mode). Folding materialises one [V, H] weight per call: LoRA on lm_head costs a copy of it."""
+    head = lm_head_of(model)
+    base = getattr(head, "base_layer", head)
+    weight = base.weight
+    if hasattr(head, "get_delta_weight") and not head.disable_adapters and not head.merged:
+        for name in head.active_adapters:
+            if name not in head.lora_A:
+                continue
+            if head.use_dora.get(name, False):
+                raise NotImplementedError("DoRA on lm_head is not supported by the fused loss; "
+                                          "leave lm_head out of lora.target_modules")
+            weight = weight + head.get_delta_weight(name).to(weight.dtype)
+    return weight, getattr(base, "bias", None)
+
+
 def trunk_of(model):
     """The decoder stack that returns final hidden states (before the lm_head)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -15,7 +15,7 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals, LossSettings
-from tinyrl.model import lm_head_of, reference_context, trunk_of
+from tinyrl.model import output_projection, reference_context, trunk_of
 from tinyrl.rollout.base import Rollouts
 
 
@@ -44,18 +44,13 @@ def completion_hidden(model, batch: Rollouts, rows: slice) -> torch.Tensor:
     return hidden[:, P - 1: P + T - 1]
 
 
-def _head(model):
-    head = lm_head_of(model)
-    return head.weight, getattr(head, "bias", None)
-
-
 @torch.no_grad()
 def score_logprobs(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_size: int,
                    impl: str, reference: bool = False) -> torch.Tensor:
     """Trainer logprobs [N, T] of the sampled tokens (reference=True: adapter disabled)."""
     out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
-    weight, bias = _head(model)
     with reference_context(model) if reference else _null():
+        weight, bias = output_projection(model)  # inside the context: no adapter for the reference
         for rows in micro_batches(batch.num_rows, micro_batch):
             h = completion_hidden(model, batch, rows)
             logp, _ = kernels.linear_logprobs(h, weight, batch.completion_ids[rows].to(h.device), bias=bias,
@@ -86,7 +81,6 @@ def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, 
     totals = BatchTotals.of(loss_mask, batch.completion_ids.shape[1])
     if settings.top_entropy_quantile is not None:  # the loss normaliser counts the kept tokens only
         totals.num_tokens *= settings.top_entropy_quantile
-    weight, bias = _head(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
     logprobs = torch.zeros(loss_mask.shape)
@@ -97,6 +91,7 @@ def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, 
     with torch.set_grad_enabled(not no_signal):
         for rows in micro_batches(batch.num_rows, micro_batch):
             h = completion_hidden(model, batch, rows)
+            weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
             dev = h.device
             pick = lambda t: None if t is None else t[rows].to(dev)  # noqa: E731
             out = kernels.fused_linear_grpo_loss(
