@@ -365,6 +365,48 @@ def test_report_of_the_collapse_run(collapse_run):
     assert (collapse_run.path / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(scope="module")
+def entropy_collapse_run(tmp_path_factory):
+    from tinyrl.api import train
+    from tinyrl.model import resolve_model
+
+    if not (Path(resolve_model("tiny-arith").path) / "config.json").exists():
+        pytest.skip("the shipped tiny-arith model is not built (python scripts/pretrain_tiny.py)")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train("tiny_entropy_collapse_cpu", **{"log.run_dir": str(tmp_path_factory.mktemp("entropy")),
+                                                     "log.progress": False, "train.eval_before_after": False})
+    finally:
+        torch.set_num_threads(n)
+
+
+def _rolling(values: list[float], i: int, w: int = 5) -> float:
+    x = values[max(0, i - w + 1): i + 1]
+    return sum(x) / len(x)
+
+
+def test_entropy_collapse_preset_is_flagged_while_the_reward_still_looks_healthy(entropy_collapse_run):
+    """A real run (the shipped model, tiny_entropy_collapse_cpu) that narrows onto one answer per
+    prompt: the entropy alarm fires while the reward is still near its best, i.e. before a user
+    watching the reward curve could tell; after it the run has no learning signal left and the
+    reward never climbs past where it was (it plateaus and, on most seeds, slides)."""
+    rows = entropy_collapse_run.metrics
+    reward = [r["reward_mean"] or 0.0 for r in rows]
+    entropy = [r["entropy"] for r in rows]
+    fired = next((a["step"] for a in entropy_collapse_run.alarms if a["name"] == "entropy_collapse"), None)
+    assert fired is not None and fired <= 50, [round(e, 3) for e in entropy]
+    i = fired - 1
+    early = sum(entropy[:3]) / 3
+    assert sum(entropy[-10:]) / 10 < 0.2 * early  # it really collapsed, not a noisy dip
+    at_alarm = _rolling(reward, i)
+    assert at_alarm >= 0.8 * max(_rolling(reward, k) for k in range(i + 1)), "the reward looked fine then"
+    assert at_alarm < 0.9 and max(_rolling(reward, k) for k in range(i, len(reward))) < 0.9  # never solved
+    later = rows[i + 5:]
+    assert sum(r["zero_std_frac"] for r in later) / len(later) >= 0.8  # groups answer all alike
+    assert "stale_weights" not in {a["name"] for a in entropy_collapse_run.alarms}
+
+
 # --------------------------------------------------------------------------- the run report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
