@@ -329,8 +329,9 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def collapse_run(tmp_path_factory):
+def train_shipped_preset(preset: str, run_dir: Path):
+    """Run a preset on the shipped tiny-arith model, on one thread (tiny matrices: faster, and
+    immune to a busy machine)."""
     from tinyrl.api import train
     from tinyrl.model import resolve_model
 
@@ -339,10 +340,14 @@ def collapse_run(tmp_path_factory):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train("tiny_collapse_cpu", **{"log.run_dir": str(tmp_path_factory.mktemp("collapse")),
-                                             "log.progress": False, "train.eval_before_after": False})
+        return train(preset, **{"log.run_dir": str(run_dir), "log.progress": False, "train.eval_before_after": False})
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def collapse_run(tmp_path_factory):
+    return train_shipped_preset("tiny_collapse_cpu", tmp_path_factory.mktemp("collapse"))
 
 
 def test_collapse_preset_is_flagged_before_the_reward_collapses(collapse_run):
@@ -367,18 +372,7 @@ def test_report_of_the_collapse_run(collapse_run):
 
 @pytest.fixture(scope="module")
 def entropy_collapse_run(tmp_path_factory):
-    from tinyrl.api import train
-    from tinyrl.model import resolve_model
-
-    if not (Path(resolve_model("tiny-arith").path) / "config.json").exists():
-        pytest.skip("the shipped tiny-arith model is not built (python scripts/pretrain_tiny.py)")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return train("tiny_entropy_collapse_cpu", **{"log.run_dir": str(tmp_path_factory.mktemp("entropy")),
-                                                     "log.progress": False, "train.eval_before_after": False})
-    finally:
-        torch.set_num_threads(n)
+    return train_shipped_preset("tiny_entropy_collapse_cpu", tmp_path_factory.mktemp("entropy"))
 
 
 def _rolling(values: list[float], i: int, w: int = 5) -> float:
