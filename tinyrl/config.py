@@ -20,13 +20,10 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from tinyrl.errors import ConfigError
 from tinyrl.monitor import MonitorConfig
 
 DEFAULT_PRESET = "tiny_grpo_cpu"
-
-
-class ConfigError(ValueError):
-    """A preset or override that cannot be turned into a valid RunConfig."""
 
 
 # --------------------------------------------------------------------------- sections
@@ -332,13 +329,21 @@ def _build(cls: type, data: dict, path: str) -> Any:
     return obj
 
 
+def apply_recipe(algo: dict, path: str = "algo.recipe") -> dict:
+    """Return the algo section with the named recipe's switches filled in under the user's."""
+    from tinyrl.algo.recipes import RECIPES
+
+    name = algo.get("recipe")
+    if name not in RECIPES:
+        raise ConfigError(f"{path}: must be one of {sorted(RECIPES)}, got {name!r}")
+    return {**RECIPES[name], **algo}
+
+
 def config_from_dict(data: dict) -> RunConfig:
     """Build and validate a RunConfig from a plain (YAML-shaped) dict."""
     data = dict(data)
     algo = data.get("algo")
     if isinstance(algo, dict) and algo.get("recipe") is not None:
-        from tinyrl.algo.recipes import apply_recipe
-
         data["algo"] = apply_recipe(algo, path="algo.recipe")
     return _build(RunConfig, data, "")
 

@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Callable, NamedTuple, Optional
 
+from tinyrl.errors import ConfigError
+
 log = logging.getLogger("tinyrl.monitor")
 
 
@@ -84,7 +86,6 @@ class MonitorConfig:
     max_rollbacks: int = 3
 
     def validate(self, p: str = "monitor") -> None:
-        from tinyrl.config import ConfigError
 
         bad = [f.name for f in fields(self) if f.name not in ("disabled", "stale_maxdiff")
                and isinstance(getattr(self, f.name), (int, float)) and getattr(self, f.name) < 0]

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tinyrl.algo.recipes import RECIPES, apply_recipe
+from tinyrl.algo.recipes import RECIPES
+from tinyrl.config import apply_recipe
 from tinyrl.algo.shaping import informative_groups
 from tinyrl.api import build_trainer
 from tinyrl.config import load_config

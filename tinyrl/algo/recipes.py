@@ -37,12 +37,3 @@ RECIPES: dict[str, dict[str, Any]] = {
                      "beta": 0.01, "kl_estimator": "k1"},
 }
 
-
-def apply_recipe(algo: dict, path: str = "algo.recipe") -> dict:
-    """Return the algo section with the named recipe's switches filled in under the user's."""
-    from tinyrl.config import ConfigError
-
-    name = algo.get("recipe")
-    if name not in RECIPES:
-        raise ConfigError(f"{path}: must be one of {sorted(RECIPES)}, got {name!r}")
-    return {**RECIPES[name], **algo}
