@@ -37,6 +37,7 @@ def adapter(run_path):
     return load_file(str(Path(run_path) / "adapter" / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_equals_uninterrupted_run(tiny_model_dir, run_root):
     ref = train(**overrides(tiny_model_dir, run_root, "reference"))
     kill_after = random.randint(1, STEPS - 2)  # a random step
@@ -123,6 +124,7 @@ def test_torn_jsonl_line_is_dropped_on_reopen(tmp_path):
     assert [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [{"step": 1}, {"step": 2}]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint(tiny_model_dir, run_root):
     o = overrides(tiny_model_dir, run_root, "term") | {"train.steps": 200, "train.save_every": 0}
     args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]

@@ -77,7 +77,7 @@ def _write_summary(trainer, run, error: str | None) -> None:
 def evaluate(preset=None, adapter=None, **overrides) -> float:
     """Held-out greedy pass@1 of the preset's model; `adapter` is a run folder or adapter folder."""
     from tinyrl.data import load_rows, render_prompt
-    from tinyrl.evaluate import accuracy
+    from tinyrl.evaluation import accuracy
     from tinyrl.model import load_policy
     from tinyrl.rollout.base import SamplingParams
     from tinyrl.rollout.hf import HFEngine

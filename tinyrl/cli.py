@@ -71,8 +71,9 @@ def cmd_eval(ns) -> int:
     from tinyrl.api import evaluate
     from tinyrl.config import parse_override
 
-    kv = {".".join(k): v for k, v in map(parse_override, ns.overrides)}
-    acc = evaluate(ns.preset, adapter=ns.adapter, **kv)
+    preset, overrides = _split(ns.args)
+    kv = {".".join(k): v for k, v in map(parse_override, overrides)}
+    acc = evaluate(preset, adapter=ns.adapter, **kv)
     print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
     return 0
 
@@ -94,14 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(fn=cmd_train)
     sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
     e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
-    e.add_argument("preset", nargs="?")
+    e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
-    e.add_argument("overrides", nargs="*")
     e.set_defaults(fn=cmd_eval)
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")
     r.set_defaults(fn=cmd_report)
-    ns = p.parse_args(argv)
+    ns, extra = p.parse_known_args(argv)  # overrides may come after an option: `eval P --adapter R a.b=1`
+    if extra and (not hasattr(ns, "args") or any(x.startswith("-") for x in extra)):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        ns.args = list(ns.args) + extra
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return ns.fn(ns)

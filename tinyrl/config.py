@@ -89,6 +89,7 @@ class AlgoConfig:
     dual_clip: Optional[float] = None  # c > 1: bound the loss of negative-advantage tokens at c * |A|
     beta: float = 0.0  # KL-to-reference weight; 0 skips the reference pass entirely
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False  # the KL goes into the token rewards (REINFORCE++), not into the loss
     num_iterations: int = 1  # optimiser passes over one rollout batch
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, resample
     max_sampling_rounds: int = 3  # cap on extra generation rounds for dynamic sampling
@@ -113,6 +114,10 @@ class AlgoConfig:
         _check(self.epsilon_high >= 0, f"{p}.epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         _check(self.dual_clip is None or self.dual_clip > 1, f"{p}.dual_clip", f"must be > 1 or null, got {self.dual_clip}")
         _check(self.beta >= 0, f"{p}.beta", f"must be >= 0, got {self.beta}")
+        from tinyrl.algo.advantages import TOKEN_REWARD_ESTIMATORS
+
+        _check(not self.kl_in_reward or self.estimator in TOKEN_REWARD_ESTIMATORS, f"{p}.kl_in_reward",
+               f"needs an estimator that takes token rewards ({sorted(TOKEN_REWARD_ESTIMATORS)}), got {self.estimator!r}")
         _check(self.num_iterations >= 1, f"{p}.num_iterations", f"must be >= 1, got {self.num_iterations}")
         _check(self.max_sampling_rounds >= 0, f"{p}.max_sampling_rounds", f"must be >= 0, got {self.max_sampling_rounds}")
         _check(self.overlong_buffer >= 0, f"{p}.overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
@@ -329,22 +334,30 @@ def _build(cls: type, data: dict, path: str) -> Any:
     return obj
 
 
-def apply_recipe(algo: dict, path: str = "algo.recipe") -> dict:
-    """Return the algo section with the named recipe's switches filled in under the user's."""
+def resolve_recipe(name: Any, path: str = "algo.recipe") -> dict:
+    """The switches a named recipe sets (tinyrl/algo/recipes.py).
+
+    Precedence, from weakest: AlgoConfig's defaults < a layer's recipe < the fields set in that
+    same layer < later layers. The layers are the preset, the `--profile`, the command line (each
+    may name a recipe). So `tinyrl train algo.recipe=rloo` on a preset that sets `estimator: grpo`
+    runs RLOO, while a preset that names `recipe: dapo` and sets `epsilon_high: 0.3` keeps its 0.3."""
     from tinyrl.algo.recipes import RECIPES
 
-    name = algo.get("recipe")
     if name not in RECIPES:
         raise ConfigError(f"{path}: must be one of {sorted(RECIPES)}, got {name!r}")
-    return {**RECIPES[name], **algo}
+    return {**RECIPES[name], "recipe": name}
+
+
+def apply_recipe(algo: dict, path: str = "algo.recipe") -> dict:
+    """One layer's algo section: its recipe's switches, with the layer's own fields over them."""
+    return {**resolve_recipe(algo.get("recipe"), path), **algo} if algo.get("recipe") is not None else dict(algo)
 
 
 def config_from_dict(data: dict) -> RunConfig:
     """Build and validate a RunConfig from a plain (YAML-shaped) dict."""
     data = dict(data)
-    algo = data.get("algo")
-    if isinstance(algo, dict) and algo.get("recipe") is not None:
-        data["algo"] = apply_recipe(algo, path="algo.recipe")
+    if isinstance(data.get("algo"), dict):
+        data["algo"] = apply_recipe(data["algo"])
     return _build(RunConfig, data, "")
 
 
@@ -396,11 +409,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:
-    """Apply dotted overrides (["a.b=1"] or {"a.b": 1}) to a nested dict, in place."""
+    """Apply one layer of dotted overrides (["a.b=1"] or {"a.b": 1}) to a nested dict, in place.
+
+    A layer that names `algo.recipe` first sets that recipe's switches over whatever earlier
+    layers set; the layer's other fields then win over the recipe (see `resolve_recipe`)."""
     items = [parse_override(o) for o in overrides] if isinstance(overrides, list) else [
         (k.split("."), v) for k, v in overrides.items()
     ]
-    for keys, value in items:
+    for keys, value in sorted(items, key=lambda kv: kv[0] != ["algo", "recipe"]):  # the recipe first
         node = data
         for i, k in enumerate(keys[:-1]):
             nxt = node.setdefault(k, {})
@@ -408,6 +424,8 @@ def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:
                 raise ConfigError(f"{'.'.join(keys[: i + 1])}: is a value, not a section; cannot set {'.'.join(keys)}")
             node = nxt
         node[keys[-1]] = value
+        if keys == ["algo", "recipe"] and value is not None:
+            data["algo"] = {**node, **resolve_recipe(value)}
     return data
 
 
@@ -416,8 +434,12 @@ def load_config(
     overrides: dict[str, Any] | list[str] | None = None,
     profile: str | None = None,
 ) -> tuple[str, RunConfig]:
-    """Load a preset, apply a hardware profile and dotted overrides; return (name, config)."""
+    """Load a preset, apply a hardware profile and dotted overrides; return (name, config).
+
+    Three layers, each over the one before: the preset, its `profiles[profile]`, the overrides."""
     name, data = read_preset(preset)
+    if isinstance(data.get("algo"), dict):
+        data["algo"] = apply_recipe(data["algo"])  # the preset's own recipe, under its own fields
     profiles = data.pop("profiles", {}) or {}
     if profile is not None:
         if profile not in profiles:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -143,8 +144,28 @@ def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
     return get_peft_model(model, peft_cfg)
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_third_party_noise() -> None:
+    """Silence two messages of libraries below tinyrl that every newcomer saw first and that say
+    nothing about their run: bitsandbytes' "Failed to load CPU gemm_4bit_forward from
+    kernels-community" (on AVX512-BF16 CPUs it tries to fetch a kernel for the packed inference
+    path, which `keep_4bit_weights_trainable` switches off anyway), and transformers'
+    FutureWarning on `is_gradient_checkpointing`, which peft's model wrapper reads."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropMessage("gemm_4bit_forward from kernels-community"))
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
 def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
     """(peft model, tokenizer). With `adapter`, load saved LoRA weights (trainable)."""
+    quiet_third_party_noise()
     resolved = resolve_model(cfg_model.name, cfg_model.gguf_file)
     if cfg_model.backend == "unsloth":
         return _load_unsloth(cfg_model, cfg_lora, resolved)

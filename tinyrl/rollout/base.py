@@ -26,8 +26,8 @@ class Rollouts:
     prompt_ids: torch.Tensor  # [N, P] left-padded prompt token ids
     prompt_mask: torch.Tensor  # [N, P] 1 on real prompt tokens
     completion_ids: torch.Tensor  # [N, T] right-padded sampled token ids
-    completion_mask: torch.Tensor  # [N, T] 1 on sampled tokens (up to and including EOS / stop)
-    loss_mask: torch.Tensor  # [N, T] tokens the policy loss sees (tool output masked out)
+    completion_mask: torch.Tensor  # [N, T] 1 on real completion tokens (sampled + tool observations), up to EOS / stop
+    loss_mask: torch.Tensor  # [N, T] tokens the policy loss sees: a subset of action_mask
     sampling_logprobs: torch.Tensor  # [N, T] engine logprob of each sampled token (at its temperature)
     group: torch.Tensor  # [N] prompt index 0..B-1 of each row
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS / stop
@@ -39,14 +39,23 @@ class Rollouts:
     advantages: torch.Tensor | None = None  # [N] (or [N, T] for token-level estimators)
     old_logprobs: torch.Tensor | None = None  # [N, T] trainer logprobs before the update
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference (adapter off) logprobs, when beta > 0
+    observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens (not sampled); None = none
+
+    def __post_init__(self):
+        if self.observation_mask is None:
+            self.observation_mask = torch.zeros_like(self.completion_mask)
+
+    @property
+    def action_mask(self) -> torch.Tensor:  # [N, T] the tokens the policy sampled
+        return self.completion_mask * (1 - self.observation_mask)
 
     @property
     def num_rows(self) -> int:
         return self.completion_ids.shape[0]
 
     @property
-    def completion_lengths(self) -> torch.Tensor:  # [N]
-        return self.completion_mask.sum(-1)
+    def completion_lengths(self) -> torch.Tensor:  # [N] tokens the policy sampled (observations excluded)
+        return self.action_mask.sum(-1)
 
     def select(self, rows: torch.Tensor | list[int]) -> "Rollouts":
         """A new batch holding only `rows` (groups renumbered 0..B'-1 in order of appearance)."""
@@ -107,13 +116,20 @@ def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
 
 
 class RolloutEngine(Protocol):
-    """What the trainer needs from a generator. Engines own all of their internals."""
+    """What the trainer, the evaluation and the checkpoints need from a generator. Engines own all
+    of their internals; nothing else of an engine is read from outside it."""
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams,
-                 columns: list[dict] | None = None) -> Rollouts: ...
+                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
+        """n samples of each prompt (prompt-major rows), or the greedy completion when `greedy`."""
 
     def release(self) -> None:
         """Free generation memory (KV cache) before the update phase; weights stay."""
 
     def sync(self, model) -> None:
         """Make the engine sample from the current trained weights (LoRA adapter only)."""
+
+    def state_dict(self) -> dict:
+        """The sampling RNG position (saved in checkpoints, so a resumed run draws the same samples)."""
+
+    def load_state_dict(self, state: dict) -> None: ...

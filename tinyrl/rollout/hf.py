@@ -46,12 +46,11 @@ class _LogprobRecorder:
 class HFEngine:
     """Generate with the (peft) training model; `sync` is a no-op: it *is* the trained model."""
 
-    def __init__(self, model, tokenizer, seed: int = 0, max_rows_per_call: int | None = None):
+    def __init__(self, model, tokenizer, seed: int = 0):
         self.model = model
         self.tokenizer = tokenizer
         self.seed = seed
         self.calls = 0  # sampling seed position; saved in checkpoints
-        self.max_rows_per_call = max_rows_per_call
 
     @property
     def device(self) -> torch.device:
