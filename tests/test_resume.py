@@ -87,6 +87,8 @@ def test_crash_mid_checkpoint_leaves_previous_loadable(tiny_model_dir, run_root,
         t.save_checkpoint()
     monkeypatch.setattr(ckpt.torch, "save", real_save)
     assert t.run.latest_checkpoint() == good  # the half-written one is invisible
+    assert [p.name for p in t.run.ckpt_dir.iterdir()] == [good.name]  # and its temp directory is gone
+    t.run.unlock()  # this trainer is done with the folder (train() releases it; a build_trainer caller does)
     t2 = build_trainer(resume=t.run.path, overrides={"log.progress": False})
     assert t2.step == 1
 
