@@ -40,7 +40,9 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
         elif preset is None:
             preset = a
         else:
-            raise SystemExit(f"tinyrl: unexpected argument {a!r}; overrides look like section.field=value")
+            from tinyrl.config import ConfigError
+
+            raise ConfigError(f"unexpected argument {a!r}; overrides look like section.field=value")
     return preset, overrides
 
 
@@ -79,8 +81,9 @@ def cmd_eval(ns) -> int:
     from tinyrl.api import evaluate
     from tinyrl.config import parse_override
 
-    kv = {".".join(k): v for k, v in map(parse_override, ns.overrides)}
-    acc = evaluate(ns.preset, adapter=ns.adapter, **kv)
+    preset, overrides = _split(([ns.preset] if ns.preset else []) + ns.overrides)  # `eval a.b=1`: no preset
+    kv = {".".join(k): v for k, v in map(parse_override, overrides)}
+    acc = evaluate(preset, adapter=ns.adapter, **kv)
     print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
     return 0
 

@@ -68,7 +68,10 @@ def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
         raise ConfigError(f"data.task_args: the {cfg_data.task!r} task does not take {cfg_data.task_args} ({e})") from None
     except ValueError:
         pass  # not inspectable: let the call say
-    train, held_out = task.build(*args, **cfg_data.task_args)
+    try:
+        train, held_out = task.build(*args, **cfg_data.task_args)
+    except ValueError as e:  # the task cannot give what was asked (e.g. more held-out rows than it has)
+        raise ConfigError(f"data (task {cfg_data.task!r}): {e}") from None
     return train, held_out, task
 
 

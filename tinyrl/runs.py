@@ -380,7 +380,7 @@ class RunDir:
             _fsync_dir(tmp)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, (OSError, RuntimeError)):  # torch.save on a full disk raises RuntimeError
+            if isinstance(e, Exception):  # a full disk: OSError, torch's RuntimeError, safetensors' own error
                 raise RunFolderError(getattr(e, "errno", None) or errno.EIO,
                                      f"cannot write the checkpoint {final}: {_first_line(e)}; "
                                      f"the previous checkpoint is intact") from e
