@@ -81,7 +81,7 @@ class Trainer:
         for r in train_rows + self.eval_rows:
             r["rendered"] = render_prompt(self.tokenizer, r["prompt"], cfg.data)
         self.prompts = PromptSource(train_rows, cfg.data.seed)
-        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine)
+        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, stop)
 
