@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from tinyrl.agents.config import AgentConfig
 from tinyrl.errors import ConfigError
 from tinyrl.monitor import MonitorConfig
 
@@ -241,6 +242,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def validate(self, p: str = "") -> None:
         completions = self.train.prompts_per_step * self.rollout.num_generations
