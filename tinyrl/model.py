@@ -143,17 +143,35 @@ def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
     return get_peft_model(model, peft_cfg)
 
 
+def resolve_adapter(path: str) -> str:
+    """A peft adapter folder, given it or a run folder that holds one in adapter/."""
+    p = Path(path).expanduser()
+    for candidate in (p, p / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return str(candidate)
+    raise ModelLoadError(f"model.adapter: {path!r} is neither a peft adapter folder (with adapter_config.json) "
+                         f"nor a run folder with a finished adapter/ in it")
+
+
 def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
-    """(peft model, tokenizer). With `adapter`, load saved LoRA weights (trainable)."""
+    """(peft model, tokenizer). With `adapter` (an adapter or run folder), load saved LoRA weights (trainable)."""
     resolved = resolve_model(cfg_model.name, cfg_model.gguf_file)
     if cfg_model.backend == "unsloth":
+        if adapter is not None:
+            raise ModelLoadError("model.adapter is not supported with model.backend 'unsloth' yet")
         return _load_unsloth(cfg_model, cfg_lora, resolved)
     tok = load_tokenizer(resolved)
     base = load_base_model(cfg_model, resolved)
     if adapter is None:
         return add_lora(base, cfg_lora, cfg_model.gradient_checkpointing), tok
-    from peft import PeftModel
+    from peft import PeftModel, prepare_model_for_kbit_training
 
+    adapter = resolve_adapter(adapter)
+    if getattr(base, "is_loaded_in_4bit", False):  # as add_lora prepares a 4-bit base for training
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=cfg_model.gradient_checkpointing)
+    elif cfg_model.gradient_checkpointing:
+        base.gradient_checkpointing_enable()
+        base.enable_input_require_grads()
     try:
         return PeftModel.from_pretrained(base, adapter, is_trainable=True), tok
     except (ValueError, RuntimeError, OSError) as e:
