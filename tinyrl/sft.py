@@ -32,6 +32,7 @@ import math
 import shutil
 import signal
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,12 @@ def trl_args(cfg, output_dir: Path, num_rows: int):
 
     s = cfg.sft
     steps_per_epoch = math.ceil(num_rows / (s.batch_size * s.grad_accum))
+    with warnings.catch_warnings():  # transformers 5 renames it activation_checkpointing; TRL reads this name
+        warnings.filterwarnings("ignore", "`gradient_checkpointing` is deprecated", FutureWarning)
+        return _trl_config(TRLSFTConfig, cfg, s, output_dir, steps_per_epoch, torch.cuda.is_available())
+
+
+def _trl_config(TRLSFTConfig, cfg, s, output_dir, steps_per_epoch, cuda):
     return TRLSFTConfig(
         output_dir=str(output_dir),
         num_train_epochs=s.epochs,
@@ -178,7 +185,7 @@ def trl_args(cfg, output_dir: Path, num_rows: int):
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         bf16=cfg.model.dtype == "bfloat16",
         fp16=cfg.model.dtype == "float16",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not cuda,
         disable_tqdm=not cfg.log.progress,
         report_to="none",
         dataloader_num_workers=0,
