@@ -30,10 +30,10 @@ STATUSES = ("starting", "running", "finished", "failed", "interrupted")
 PANELS: dict[str, tuple[str, ...]] = {
     "reward": ("reward_mean", "reward/*"),
     "entropy": ("entropy",),
-    "KL": ("update_kl", "ref_kl", "policy_kl"),
+    "KL": ("update_kl", "ref_kl", "pass_kl"),
     "completion length": ("completion_len",),
     "zero-std fraction": ("zero_std_frac",),
-    "clip fraction": ("clip_frac",),
+    "clip fraction": ("clip_frac", "update_clip_frac"),
     "step time (s)": ("step_time", "gen_time"),
     "agent": ("tool_calls_per_traj", "turns_mean", "max_turns_frac", "obs_token_frac", "tool_error_rate"),
 }
