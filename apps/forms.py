@@ -80,8 +80,11 @@ def form_values(preset: str, profile: str | None) -> dict[str, object]:
 def yaml_scalar(value) -> str:
     """A value written so that YAML (how `section.field=value` is read) reads it back unchanged.
 
-    >>> [yaml_scalar(v) for v in (3, 0.001, True, None, "tiny-arith", "true", "1e-3")]
-    ['3', '0.001', 'true', 'null', 'tiny-arith', "'true'", "'1e-3'"]
+    >>> values = (3, 0.001, True, None, "tiny-arith", "true", "1.5")
+    >>> [yaml_scalar(v) for v in values]
+    ['3', '0.001', 'true', 'null', 'tiny-arith', "'true'", "'1.5'"]
+    >>> [yaml.safe_load(yaml_scalar(v)) for v in values] == list(values)
+    True
     """
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     return text.removesuffix("\n...").removesuffix("...").strip()
