@@ -27,7 +27,7 @@ class UnsafePathError(ValueError):
 
 
 def check_name(name: str, what: str = "run") -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:  # fullmatch: `$` allows a final \n
         raise UnsafePathError(f"{what} {name!r}: not a run name (letters, digits, '.', '_', '-'; "
                               f"no '/', no leading '.')")
     return name

@@ -190,7 +190,7 @@ def _keys(panel: tuple[str, ...], rows: list[dict]) -> list[str]:
     return keys
 
 
-def curve_points(rows: list[dict], panel: tuple[str, ...], label: str = "") -> list[dict]:
+def curve_points(rows: list[dict], panel: tuple[str, ...]) -> list[dict]:
     """Long-format points {step, value, series} for one panel; absent or null values are skipped.
 
     >>> curve_points([{"step": 1, "entropy": 0.5}, {"step": 2, "entropy": None}, {"step": 3}], ("entropy",))
@@ -198,26 +198,26 @@ def curve_points(rows: list[dict], panel: tuple[str, ...], label: str = "") -> l
     """
     out = []
     for key in _keys(panel, rows):
-        series = f"{label} · {key}" if label else key
         for r in rows:
             v, step = _num(r.get(key)), r.get("step")
             if v is not None and isinstance(step, int):
-                out.append({"step": step, "value": v, "series": series})
+                out.append({"step": step, "value": v, "series": key})
     return out
 
 
 def curves(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
     """Panel title -> points of every named run (series labelled by run when there are several)."""
-    out: dict[str, list[dict]] = {title: [] for title in PANELS}
-    for name in names:
-        rows = metrics(Path(runs_dir) / name)
-        for title, panel in PANELS.items():
-            label = name if len(names) > 1 else ""
-            if len(names) > 1 and len(_keys(panel, rows)) == 1:
-                points = [{**p, "series": name} for p in curve_points(rows, panel)]
-            else:
-                points = curve_points(rows, panel, label)
-            out[title] += points
+    rows = {name: metrics(Path(runs_dir) / name) for name in names}
+    out: dict[str, list[dict]] = {}
+    for title, panel in PANELS.items():
+        points = {name: curve_points(r, panel) for name, r in rows.items()}
+        if len(names) == 1:
+            out[title] = points[names[0]]
+            continue
+        # several runs: a panel that draws one metric names series by run, otherwise by run and metric
+        one_metric = len({p["series"] for pts in points.values() for p in pts}) <= 1
+        out[title] = [{**p, "series": name if one_metric else f"{name} · {p['series']}"}
+                      for name, pts in points.items() for p in pts]
     return out
 
 
@@ -281,7 +281,7 @@ def log_tail(path: Path, lines: int = 60, max_bytes: int = 256_000) -> str:
     except OSError:
         return ""
     out = []
-    for line in data.splitlines():
+    for line in data.split("\n"):  # not splitlines(): it splits at each \r too
         parts = [p for p in line.split("\r") if p.strip()]
         if parts:
             out.append(parts[-1])
