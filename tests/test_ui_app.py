@@ -80,6 +80,7 @@ def test_start_watch_reattach_stop_resume(ui, tmp_path):
     assert done["adapter"] and "resume at" in (runs / "r1" / "train.log").read_text()
 
     zip_path = client.predict("r1", api_name="/download")
+    zip_path = zip_path["value"] if isinstance(zip_path, dict) else zip_path  # a gr.File update (it shows the file)
     import zipfile
 
     assert "adapter_config.json" in zipfile.ZipFile(zip_path).namelist()
