@@ -5,6 +5,7 @@ which is how docs/ui.png is made). Skips, saying why, when chromium is not insta
 (scripts/install_browser.sh installs it)."""
 
 import json
+import re
 import os
 import shutil
 
@@ -47,11 +48,11 @@ def test_browser_starts_a_run_sees_a_curve_and_stops_it(tmp_path):
             page.locator("#overrides textarea").fill(QUICK)
             page.locator("#validation").get_by_text("valid:").wait_for(timeout=60_000)
             page.locator("#start-btn").click()
-            page.locator("#start-msg").get_by_text("started").wait_for(timeout=60_000)
+            # Start switches to the Runs tab (the Launch tab's message is then hidden, but there)
+            page.locator("#start-msg").get_by_text("started").wait_for(state="attached", timeout=60_000)
 
             wait_for(lambda: len(read_jsonl(runs / "b1" / "metrics.jsonl")) >= 2, "two metrics rows", timeout=400)
-            page.get_by_role("tab", name="Runs").click()
-            page.locator("#run-status").get_by_text("running").wait_for(timeout=60_000)
+            page.locator("#run-status").get_by_text(re.compile(r"running, step [1-9]")).wait_for(timeout=60_000)
             wait_for(lambda: _reward_points(page) > 0, "a drawn point in the reward plot", timeout=60)
             page.wait_for_timeout(3000)  # one more timer tick: the screenshot shows settled plots
             shot = tmp_path / "ui.png"
