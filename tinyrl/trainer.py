@@ -109,7 +109,7 @@ class Trainer:
                 for s in samples:
                     samples_out.write(s)
                 for alarm in self.monitor.update(self.step, metrics):
-                    log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
+                    log.warning("%s %s at step %d: %s. Suggested: %s", alarm.severity.upper(), alarm.name, alarm.step, alarm.evidence, alarm.action)
                     if not alarm.fatal:
                         apply_action(self, alarm)  # optional automatic fixes (off by default)
                     alarms_out.write(alarm.__dict__)  # with what the auto-action did, if one ran
@@ -233,7 +233,7 @@ class Trainer:
         tokens whose ratio left the clip range), and did the positive-advantage responses'
         likelihood rise, as the update meant it to (lazy likelihood displacement when not)?"""
         if first.no_signal:  # no optimiser step was taken: the weights did not move
-            return {"policy_kl": 0.0, "update_clip_frac": 0.0}
+            return {"update_kl": 0.0, "update_clip_frac": 0.0}
         m = batch.completion_mask.float()
         new = score_logprobs(self.model, batch, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
                              self.cfg.algo.chunk_size, self.cfg.algo.loss_impl)
@@ -244,7 +244,7 @@ class Trainer:
         ratio, a = torch.exp(log_r), adv[:, None]
         s = self.loss_settings
         out_of_range = ((ratio > 1 + s.epsilon_high) & (a > 0)) | ((ratio < 1 - s.epsilon_low) & (a < 0))
-        out = {"policy_kl": float(((torch.exp(-log_r) + log_r - 1) * m).sum() / n),  # k3 of KL(old || new)
+        out = {"update_kl": float(((torch.exp(-log_r) + log_r - 1) * m).sum() / n),  # k3 of KL(old || new)
                "update_clip_frac": float((out_of_range * m).sum() / n)}
         pos = adv > 0
         if pos.any():
