@@ -48,6 +48,19 @@ def patch(rows: list[dict], key: str, fn, start: int = 1, stop: int = N + 1) -> 
     return rows
 
 
+def agent(rows: list[dict], seed: int = 0) -> list[dict]:
+    """Give a history the agent metrics of a healthy multi-turn run (tinyrl.metrics._agent_stats
+    keys): ~1.5 tool calls per trajectory, a few failing, tool output ~30% of the completion."""
+    rng = random.Random(seed)
+    for r in rows:
+        r.setdefault("tool_calls_per_traj", 1.5 * (1 + 0.3 * (rng.random() - 0.5)))
+        r.setdefault("tool_error_rate", 0.1 * (1 + (rng.random() - 0.5)))
+        r.setdefault("obs_token_frac", 0.3 * (1 + 0.3 * (rng.random() - 0.5)))
+        r.setdefault("max_turns_frac", 0.1 * (1 + (rng.random() - 0.5)))
+        r.setdefault("turns_mean", 2.5)
+    return rows
+
+
 def feed(rows: list[dict], cfg: MonitorConfig | None = None) -> list[Alarm]:
     mon = Monitor(cfg or MonitorConfig())
     out = []
@@ -63,6 +76,7 @@ def steps_of(alarms: list[Alarm], name: str) -> list[int]:
 def test_a_healthy_run_raises_no_alarm():
     for seed in range(5):
         assert feed(healthy(seed=seed)) == [], seed
+        assert feed(agent(healthy(seed=seed), seed)) == [], seed
 
 
 def test_every_rule_is_a_table_entry_with_a_test_case():
@@ -143,15 +157,21 @@ CASES = [
     ("length_explosion", "a cap that is tight from the start",
      lambda r: patch(r, "truncated_frac", _set(0.6)), "truncation"),
     ("tool_use_collapse", "tool calls fall to zero after being used",
-     lambda r: patch(patch(r, "tool_calls_per_traj", _set(1.5)), "tool_calls_per_traj", _set(0.0), 20), 25),
-    ("tool_use_collapse", "trajectories pin at max_turns",
-     lambda r: patch(patch(r, "max_turns_frac", _set(0.1)), "max_turns_frac", _set(1.0), 10), 15),
-    ("tool_use_collapse", "tool calls halve", lambda r: patch(patch(r, "tool_calls_per_traj", _set(1.5)),
-                                                              "tool_calls_per_traj", _set(0.7), 20), None),
-    ("tool_use_collapse", "tools never used", lambda r: patch(r, "tool_calls_per_traj", _set(0.0)), None),
-    ("tool_errors", "70% of tool calls fail", lambda r: patch(patch(r, "tool_error_rate", _set(0.05)),
-                                                               "tool_error_rate", _set(0.7), 10), 14),
-    ("tool_errors", "20% of tool calls fail", lambda r: patch(r, "tool_error_rate", _set(0.2)), None),
+     lambda r: agent(patch(agent(r), "tool_calls_per_traj", _set(0.0), 20)), 25),
+    ("tool_use_collapse", "tool calls fade out slowly (1.5 -> 0.05 over 20 steps)",
+     lambda r: patch(agent(r), "tool_calls_per_traj", lambda s, v: max(0.05, 1.5 - 0.075 * (s - 10)), 10), 30),
+    ("tool_use_collapse", "tool calls halve", lambda r: patch(agent(r), "tool_calls_per_traj", _set(0.7), 20), None),
+    ("tool_use_collapse", "tools never used (a task answered without them)",
+     lambda r: patch(patch(agent(r), "tool_calls_per_traj", _set(0.0)), "obs_token_frac", _set(0.0)), None),
+    ("tool_use_collapse", "a few steps with no calls, then back",
+     lambda r: patch(agent(r), "tool_calls_per_traj", _set(0.0), 20, 23), None),
+    ("tool_loop", "trajectories pin at max_turns", lambda r: patch(agent(r), "max_turns_frac", _set(1.0), 10), 15),
+    ("tool_loop", "tool output floods the completions", lambda r: patch(agent(r), "obs_token_frac", _set(0.9), 10), 15),
+    ("tool_loop", "a third of trajectories use all turns", lambda r: patch(agent(r), "max_turns_frac", _set(0.35)), None),
+    ("tool_errors", "70% of tool calls fail", lambda r: patch(agent(r), "tool_error_rate", _set(0.7), 10), 14),
+    ("tool_errors", "20% of tool calls fail", lambda r: patch(agent(r), "tool_error_rate", _set(0.2)), None),
+    ("tool_errors", "every call fails, but almost no calls are made",
+     lambda r: patch(patch(agent(r), "tool_error_rate", _set(1.0), 10), "tool_calls_per_traj", _set(0.05), 1), None),
     ("truncation", "20% truncated", lambda r: patch(r, "truncated_frac", _set(0.2), 10), 12),
     ("truncation", "2% truncated", lambda r: patch(r, "truncated_frac", _set(0.02), 10), None),
 ]
@@ -216,7 +236,7 @@ def test_agent_rules_are_silent_without_agent_metrics():
     rows = healthy()
     assert not any("tool_calls_per_traj" in r or "tool_error_rate" in r for r in rows)
     assert all(RULES[n].check(rows[:k], MonitorConfig()) is None
-               for n in ("tool_use_collapse", "tool_errors") for k in range(1, N + 1))
+               for n in ("tool_use_collapse", "tool_loop", "tool_errors") for k in range(1, N + 1))
 
 
 # --------------------------------------------------------------------------- real healthy traces
@@ -283,8 +303,9 @@ def test_monitor_config_is_checked_like_the_run_config():
 
 
 def fake_trainer(**cfg) -> SimpleNamespace:
-    return SimpleNamespace(cfg=SimpleNamespace(algo=SimpleNamespace(dynamic_sampling=False, epsilon_high=0.2)),
-                           loss_settings=LossSettings(), monitor=Monitor(MonitorConfig(**cfg)))
+    from tinyrl.config import AlgoConfig
+
+    return SimpleNamespace(cfg=SimpleNamespace(algo=AlgoConfig()), monitor=Monitor(MonitorConfig(**cfg)))
 
 
 def first_alarm(trainer, rows, name) -> Alarm:
@@ -314,7 +335,7 @@ def test_auto_clip_higher_raises_epsilon_high():
     t = fake_trainer(auto_clip_higher=True, auto_epsilon_high=0.3)
     a = first_alarm(t, patch(healthy(), "entropy", _set(0.3), 12), "entropy_collapse")
     assert "0.3" in apply_action(t, a)
-    assert t.loss_settings.epsilon_high == 0.3 and t.loss_settings.epsilon_low == 0.2
+    assert t.cfg.algo.epsilon_high == 0.3 and t.cfg.algo.epsilon_low == 0.2  # the one copy the loss reads
 
 
 def lora_of(model) -> dict:
@@ -387,8 +408,9 @@ def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread
     rows = read_jsonl(path / "metrics.jsonl")
     assert len(rows) == 2  # stopped at step 2 of 4
     assert rows[0]["rollout_trainer_k3"] < 1e-5 < 1e-3 < rows[1]["rollout_trainer_k3"]  # step 1 shares the weights
-    (alarm,) = read_jsonl(path / "alarms.jsonl")
-    assert alarm["name"] == "stale_weights" and alarm["fatal"] and alarm["step"] == 2
+    alarms = read_jsonl(path / "alarms.jsonl")  # every alarm of the step is written before the run stops
+    (alarm,) = [a for a in alarms if a["name"] == "stale_weights"]
+    assert alarm["fatal"] and alarm["step"] == 2 and {a["step"] for a in alarms} <= {1, 2}
     # the stopped run still gets its summary and report
     summary = json.loads((path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["error"].startswith("StaleWeightsError") and "stale_weights" in summary["alarms"]

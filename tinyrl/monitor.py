@@ -34,9 +34,10 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
     length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens) while reward rises
     length_explosion     alarm     the share of completions hitting max_new_tokens grows past 50%
                                    from < 20% early, with the completion length
-    tool_use_collapse    alarm     tool calls fall to ~0 after having been used, or trajectories
-                                   pin at agent.max_turns
-    tool_errors          alarm     > 50% of tool calls fail (window mean)
+    tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
+    tool_loop            alarm     > 90% of trajectories end at agent.max_turns, or tool output is
+                                   > 80% of the completion tokens (window means)
+    tool_errors          alarm     > 50% of tool calls fail (window mean), at >= 0.2 calls per trajectory
     truncation           warning   > 5% of completions hit max_new_tokens (window mean)
 """
 
@@ -134,14 +135,19 @@ class MonitorConfig:
     length_explosion_base: float = 0.2  # ... from an early-run truncated_frac below this
     length_explosion_steps: int = 2
     length_explosion_cooldown: int = 50
-    # tool_use_collapse (multi-turn): tool use dies out, or every trajectory uses all turns
+    # tool_use_collapse (multi-turn): the agent stops calling its tools
     tool_used_min: float = 0.5  # "tools were used": a window mean of tool_calls_per_traj reached this ...
     tool_collapse_frac: float = 0.1  # ... and the latest window mean fell below this fraction of its peak
-    max_turns_pin: float = 0.9  # or: window mean of max_turns_frac above this
     tool_use_collapse_steps: int = 2
     tool_use_collapse_cooldown: int = 50
-    # tool_errors (multi-turn)
-    tool_error_max: float = 0.5  # window mean of tool_error_rate above this
+    # tool_loop (multi-turn): the agent calls tools instead of answering
+    max_turns_pin: float = 0.9  # window mean of max_turns_frac above this ...
+    obs_flood_frac: float = 0.8  # ... or of obs_token_frac (tool output / completion tokens) above this
+    tool_loop_steps: int = 2
+    tool_loop_cooldown: int = 50
+    # tool_errors (multi-turn): most tool calls fail
+    tool_error_max: float = 0.5  # window mean of tool_error_rate above this ...
+    tool_error_min_calls: float = 0.2  # ... while the agent makes at least this many calls per trajectory
     tool_errors_steps: int = 2
     tool_errors_cooldown: int = 50
     # truncation (a warning)
@@ -405,33 +411,52 @@ def length_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 def tool_use_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """Multi-turn runs: the agent stops calling tools after it had been using them (the window
-    mean of tool_calls_per_traj falls to a small fraction of its peak), or trajectories pin at
-    agent.max_turns (it never finishes). Silent when the agent metrics are absent."""
-    pin = _window_mean(h, "max_turns_frac", c.window)
-    if pin is not None and pin > c.max_turns_pin:
-        return Finding(f"{pin:.0%} of trajectories used all agent.max_turns (mean of the last {c.window} steps): "
-                       "the agent does not finish",
-                       "read samples.jsonl: check the answer format the task expects and the stop condition; "
-                       "raise agent.max_turns if the task needs more turns")
+    mean of tool_calls_per_traj falls to a small fraction of its peak window mean), e.g. because
+    tool observations only ever hurt its reward or answering directly is paid as well. Silent
+    when the agent metrics are absent, and for a task whose agent never used tools."""
     calls = _vals(h, "tool_calls_per_traj")
     if len(calls) < 2 * c.window or _window_mean(h, "tool_calls_per_traj", c.window) is None:
         return None
     peak = max(_mean(calls[i:i + c.window]) for i in range(len(calls) - c.window + 1))
     now = _mean(calls[-c.window:])
     if peak >= c.tool_used_min and now < c.tool_collapse_frac * peak:
+        obs = _window_mean(h, "obs_token_frac", c.window)
+        seen = f"; tool output is {obs:.0%} of the completion tokens" if obs is not None else ""
         return Finding(f"tool calls per trajectory fell to {now:.3g} (mean of the last {c.window} steps) from a "
-                       f"peak of {peak:.3g}: the agent stopped using its tools",
-                       "check the tool observations (errors? empty?); lower train.lr; reward tool use that "
-                       "leads to right answers rather than answering directly")
+                       f"peak of {peak:.3g}: the agent stopped using its tools{seen}",
+                       "read samples.jsonl: check the tool observations (errors? empty?); lower train.lr; reward "
+                       "answers that need the tool (a task the model answers without it teaches it to skip it)")
+    return None
+
+
+def tool_loop(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Multi-turn runs: the agent calls tools instead of answering: most trajectories end at
+    agent.max_turns (window mean of max_turns_frac), or tool output floods the completions
+    (window mean of obs_token_frac, observation tokens over completion tokens). Silent when the
+    agent metrics are absent."""
+    pin = _window_mean(h, "max_turns_frac", c.window)
+    if pin is not None and pin > c.max_turns_pin:
+        return Finding(f"{pin:.0%} of trajectories used all agent.max_turns (mean of the last {c.window} steps): "
+                       "the agent does not finish",
+                       "read samples.jsonl: check the answer format the task expects and the stop condition; "
+                       "raise agent.max_turns if the task needs more turns")
+    obs = _window_mean(h, "obs_token_frac", c.window)
+    if obs is not None and obs > c.obs_flood_frac:
+        return Finding(f"tool output is {obs:.0%} of the completion tokens (mean of the last {c.window} steps): the "
+                       "agent calls tools instead of answering",
+                       "lower agent.max_obs_tokens or agent.max_turns; read samples.jsonl for repeated calls")
     return None
 
 
 def tool_errors(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
-    """Multi-turn runs: most tool calls fail (malformed calls or tool exceptions), over a window.
-    Silent when tool_error_rate is absent."""
+    """Multi-turn runs: most tool calls fail (malformed calls or tool exceptions) over a window,
+    while the agent does call tools (a single failed call in a batch that hardly calls any is
+    not a trend). Silent when tool_error_rate is absent."""
     e = _window_mean(h, "tool_error_rate", c.window)
-    if e is not None and e > c.tool_error_max:
-        return Finding(f"{e:.0%} of tool calls failed (mean of the last {c.window} steps)",
+    calls = _window_mean(h, "tool_calls_per_traj", c.window)
+    if e is not None and e > c.tool_error_max and (calls is None or calls >= c.tool_error_min_calls):
+        per = f" at {calls:.2g} calls per trajectory" if calls is not None else ""
+        return Finding(f"{e:.0%} of tool calls failed (mean of the last {c.window} steps){per}",
                        "read samples.jsonl: check the tool-call format in the prompt and the tool's errors")
     return None
 
@@ -463,6 +488,7 @@ RULES: dict[str, Rule] = {
     "length_shortcut": Rule(length_shortcut),
     "length_explosion": Rule(length_explosion),
     "tool_use_collapse": Rule(tool_use_collapse),
+    "tool_loop": Rule(tool_loop),
     "tool_errors": Rule(tool_errors),
     "truncation": Rule(truncation, severity="warning"),
 }
@@ -530,14 +556,10 @@ def _dynamic_sampling(trainer) -> str:
 
 
 def _raise_epsilon_high(trainer) -> str:
-    """Writes the run's one source of truth, trainer.cfg.algo (the loss reads it)."""
-    algo, new = trainer.cfg.algo, trainer.monitor.cfg.auto_epsilon_high
-    old = algo.epsilon_high
+    old, new = trainer.cfg.algo.epsilon_high, trainer.monitor.cfg.auto_epsilon_high
     if old >= new:
         return f"epsilon_high is already {old:g} (>= monitor.auto_epsilon_high); nothing changed"
-    algo.epsilon_high = new
-    if hasattr(trainer, "loss_settings"):  # lead: remove after LossSettings is gone
-        trainer.loss_settings.epsilon_high = new
+    trainer.cfg.algo.epsilon_high = new  # the loss reads cfg.algo: one source of truth
     return f"raised epsilon_high {old:g} -> {new:g} (clip-higher)"
 
 
@@ -549,14 +571,16 @@ def _rollback(trainer) -> str:
         return "no checkpoint to roll back to (set train.save_every); nothing changed"
     if mon.rollbacks >= mon.cfg.max_rollbacks:
         return f"rolled back {mon.rollbacks} times already (monitor.max_rollbacks); nothing changed"
-    import torch
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
-    from tinyrl.checkpoint import STATE_FILE
+    from tinyrl import checkpoint
 
-    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
-    trainer.optimizer.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"])
+    try:
+        data = checkpoint.read(ckpt)
+    except checkpoint.CorruptCheckpoint as e:
+        return f"the last checkpoint does not load ({e}); nothing changed"
+    set_peft_model_state_dict(trainer.model, data.weights)
+    trainer.optimizer.load_state_dict(data.state["optimizer"])
     trainer.engine.sync(trainer.model)  # the engine must sample from the restored weights
     mon.rollbacks += 1
     return f"rolled back adapter weights and optimizer to {ckpt.name} (rollback {mon.rollbacks}/{mon.cfg.max_rollbacks})"

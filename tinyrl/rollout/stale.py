@@ -13,33 +13,16 @@ from __future__ import annotations
 
 import copy
 
-from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.rollout.hf import HFEngine
 
 
-class StaleEngine:
+class StaleEngine(HFEngine):
     """The transformers engine over a frozen copy of the initial policy; `sync` is ignored."""
 
     def __init__(self, model, tokenizer, seed: int = 0):
         frozen = copy.deepcopy(model)
         frozen.requires_grad_(False)
-        self.inner = HFEngine(frozen, tokenizer, seed=seed)
-
-    @property
-    def calls(self) -> int:
-        return self.inner.calls
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams, columns=None, greedy: bool = False) -> Rollouts:
-        return self.inner.generate(prompts, n, params, columns=columns, greedy=greedy)
-
-    def release(self) -> None:
-        self.inner.release()
+        super().__init__(frozen, tokenizer, seed=seed)
 
     def sync(self, model) -> None:
         """The bug on purpose: the trained weights never reach the engine."""
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
