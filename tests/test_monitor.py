@@ -152,14 +152,15 @@ CASES = [
     ("length_shortcut", "a 3-token answer halves while reward rises",
      lambda r: patch(patch(r, "completion_len", _set(3.0)), "completion_len", _set(1.2), 20), None),
     ("length_explosion", "completions grow into the cap",
-     lambda r: patch(patch(r, "truncated_frac", lambda s, v: min(1.0, 0.1 * (s - 15)), 16),
-                     "completion_len", lambda s, v: min(24.0, 12 + 1.5 * (s - 15)), 16), 24),
+     lambda r: patch(patch(r, "truncated_frac", lambda s, v: min(1.0, 0.1 * (s - 15) + 0.05), 16),  # window mean
+                     "completion_len", lambda s, v: min(24.0, 12 + 1.5 * (s - 15)), 16), 23),  # > 0.5 from 22
     ("length_explosion", "a cap that is tight from the start",
      lambda r: patch(r, "truncated_frac", _set(0.6)), "truncation"),
     ("tool_use_collapse", "tool calls fall to zero after being used",
      lambda r: agent(patch(agent(r), "tool_calls_per_traj", _set(0.0), 20)), 25),
     ("tool_use_collapse", "tool calls fade out slowly (1.5 -> 0.05 over 20 steps)",
-     lambda r: patch(agent(r), "tool_calls_per_traj", lambda s, v: max(0.05, 1.5 - 0.075 * (s - 10)), 10), 30),
+     lambda r: patch(agent(r), "tool_calls_per_traj", lambda s, v: max(0.05, 1.5 - 0.075 * (s - 10)), 10),
+     32),  # window mean < 10% of its peak (~1.55) from step 31 (0.11), and 2 steps
     ("tool_use_collapse", "tool calls halve", lambda r: patch(agent(r), "tool_calls_per_traj", _set(0.7), 20), None),
     ("tool_use_collapse", "tools never used (a task answered without them)",
      lambda r: patch(patch(agent(r), "tool_calls_per_traj", _set(0.0)), "obs_token_frac", _set(0.0)), None),
