@@ -62,10 +62,10 @@ def reward_collapse(key: str = "reward_mean", k: int = 3, frac: float = 0.5) -> 
     return damage
 
 
-def first_step_after(step: int) -> Callable[[list[dict]], Optional[int]]:
+def first_step_after(step: int, what: str) -> Callable[[list[dict]], Optional[int]]:
     def damage(rows: list[dict]) -> Optional[int]:
         return step if any(r["step"] >= step for r in rows) else None
-    damage.__doc__ = f"from step {step} on"
+    damage.__doc__ = f"step {step}: {what}"
     return damage
 
 
@@ -93,7 +93,9 @@ CASES: dict[str, Case] = {
                               seeds=(0,)),
     "tiny_entropy_collapse_cpu": Case("tiny_entropy_collapse_cpu", ("entropy_collapse",), seeds=(0,)),
     "tiny_kl_blowup_cpu": Case("tiny_kl_blowup_cpu", ("kl_blowup",), reward_collapse(), ("kl_blowup",), seeds=(0,)),
-    "tiny_stale_weights_cpu": Case("tiny_stale_weights_cpu", ("stale_weights",), first_step_after(2),
+    # step 2's update is the first on stale samples (the monitor reads a step after its update): the
+    # canary promises to stop the run there, before a second one (step 3)
+    "tiny_stale_weights_cpu": Case("tiny_stale_weights_cpu", ("stale_weights",), first_step_after(3, "a second update on stale samples"),
                                    ("stale_weights",), seeds=(0,)),
     "tiny_length_explosion_cpu": Case("tiny_length_explosion_cpu", ("length_explosion",),
                                       reward_collapse("reward/task"), ("length_explosion",), seeds=(0,)),

@@ -29,7 +29,8 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
     gradient_explosion   alarm     grad norm > 5x its rolling median and > 5; or a skipped
                                    non-finite step (every one is reported)
     kl_blowup            alarm     KL to the reference accelerates (beta > 0); or the update KL /
-                                   update clip fraction is far above its median and an absolute floor
+                                   update clip fraction is far above its median and an absolute floor;
+                                   or the update KL is above 0.5 nats per token
     stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal)
     length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens) while reward rises
     length_explosion     alarm     the share of completions hitting max_new_tokens grows past 50%
@@ -114,6 +115,7 @@ class MonitorConfig:
     kl_floor: float = 0.05  # ref-KL below this is never a blow-up
     update_kl_factor: float = 10.0  # update_kl above this multiple of its rolling median ...
     update_kl_floor: float = 0.1  # ... and above this (k3 per token)
+    update_kl_max: float = 0.5  # or: update_kl above this whatever its median (one step moved the policy far)
     clip_frac_factor: float = 5.0  # update_clip_frac above this multiple of its rolling median ...
     clip_frac_floor: float = 0.2  # ... and above this
     kl_blowup_steps: int = 2
@@ -337,7 +339,8 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """The policy runs away: KL to the reference (beta > 0) above a floor and growing faster than
     linearly; or the update itself moves it far: the post-update KL(pi_old || pi_new)
     (`update_kl`) or the share of tokens the update pushed past the clip range, each far above
-    its rolling median *and* above an absolute floor."""
+    its rolling median *and* above an absolute floor, or the update KL above a ceiling no healthy
+    step reaches (the first steps of a run have no median to compare with)."""
     action = "lower train.lr, raise algo.beta, or tighten algo.epsilon_low/epsilon_high"
     kl = _vals(h, "ref_kl")
     if len(kl) >= 3 * c.window and kl[-1] > c.kl_floor:  # the first window is warm-up (KL starts ~quadratic)
@@ -347,6 +350,10 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
                            f"{c.window} steps vs {old:.3g}/step before (> {c.kl_accel_factor:g}x)", action)
     checks = (("update_kl", c.update_kl_factor, c.update_kl_floor),
               ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
+    x = h[-1].get("update_kl")
+    if _finite(x) and x > c.update_kl_max:
+        return Finding(f"update_kl {x:.3g} per token is above {c.update_kl_max:g}: one update moved the policy far "
+                       "from the one that sampled the batch", action)
     for key, factor, floor in checks:
         hit = _spike(h, key, factor, floor, c)
         if hit:
