@@ -65,6 +65,14 @@ def reward_collapse(key: str = "reward_mean", k: int = 3, frac: float = 0.5) -> 
     return damage
 
 
+def share_at_least(key: str, share: float) -> Callable[[list[dict]], Optional[int]]:
+    """Damage = the first step whose `key` (a fraction) reaches `share`."""
+    def damage(rows: list[dict]) -> Optional[int]:
+        return next((r["step"] for r in rows if isinstance(r.get(key), (int, float)) and r[key] >= share), None)
+    damage.__doc__ = f"{key} >= {share:g}"
+    return damage
+
+
 def first_step_after(step: int, what: str) -> Callable[[list[dict]], Optional[int]]:
     def damage(rows: list[dict]) -> Optional[int]:
         return step if any(r["step"] >= step for r in rows) else None
@@ -101,8 +109,11 @@ CASES: dict[str, Case] = {
     "tiny_stale_weights_cpu": Case("tiny_stale_weights_cpu", ("stale_weights",),
                                    first_step_after(3, "a second update on stale samples"), ("stale_weights",),
                                    seeds=(0,)),
+    # the task reward is lost first (the policy pads its answers inside the cap, step ~14); the rule
+    # reads truncation, and promises to fire while completions grow into the cap, before nearly
+    # all of them are cut (>= 90%: no answer left to read)
     "tiny_length_explosion_cpu": Case("tiny_length_explosion_cpu", ("length_explosion",),
-                                      reward_collapse("reward/task"), ("length_explosion",), seeds=(0,)),
+                                      share_at_least("truncated_frac", 0.9), ("length_explosion",), seeds=(0,)),
     "tiny_advantage_collapse_cpu": Case("tiny_advantage_collapse_cpu", ("advantage_collapse",), seeds=(0,)),
 }
 
@@ -233,6 +244,7 @@ HEADROOM: list[tuple[str, Callable, str, Callable]] = [
      "max", lambda c: c.update_kl_floor),
     ("update_kl / median", lambda r, c: max([q for _, q in _spike_ratios(r, "update_kl", c)], default=0),
      "max", lambda c: c.update_kl_factor),
+    ("update_kl (the ceiling)", lambda r, c: max(_series(r, "update_kl")), "max", lambda c: c.update_kl_max),
     ("update_clip_frac where > factor x median",
      lambda r, c: _worst_spike(r, "update_clip_frac", c, c.clip_frac_factor), "max", lambda c: c.clip_frac_floor),
     ("update_clip_frac", lambda r, c: max(_series(r, "update_clip_frac")), "max", lambda c: c.clip_frac_floor),

@@ -136,10 +136,10 @@ CASES = [
     ("kl_blowup", "update KL 0.0211 against a median of 0.0018 (the reported false alarm)",
      lambda r: patch(patch(r, "update_kl", _set(0.0018)), "update_kl", _set(0.0211), 25, 27), None),
     ("kl_blowup", "one update KL spike", lambda r: patch(r, "update_kl", _set(0.5), 25, 26), None),
-    ("kl_blowup", "update KL 0.8 per token from the first step (no median yet)",
-     lambda r: patch(r, "update_kl", _set(0.8), 1, 4), 2),
-    ("kl_blowup", "update KL 0.3 per token from the first step (below the ceiling, no median)",
-     lambda r: patch(r, "update_kl", _set(0.3), 1, 4), None),
+    ("kl_blowup", "update KL 0.3 per token from the first step (no median yet)",
+     lambda r: patch(r, "update_kl", _set(0.3), 1, 4), 2),
+    ("kl_blowup", "update KL 0.08 per token from the first step (below the ceiling, no median)",
+     lambda r: patch(r, "update_kl", _set(0.08), 1, 4), None),
     ("kl_blowup", "clip fraction 0.4 for two steps", lambda r: patch(r, "update_clip_frac", _set(0.4), 25, 27), 26),
     ("kl_blowup", "clip fraction 0.1 (10x its median)", lambda r: patch(r, "update_clip_frac", _set(0.1), 25, 27), None),
     ("kl_blowup", "no reference pass (beta = 0)", lambda r: patch(r, "ref_kl", _set(None)), None),
@@ -156,8 +156,12 @@ CASES = [
     ("length_shortcut", "a 3-token answer halves while reward rises",
      lambda r: patch(patch(r, "completion_len", _set(3.0)), "completion_len", _set(1.2), 20), None),
     ("length_explosion", "completions grow into the cap",
-     lambda r: patch(patch(r, "truncated_frac", lambda s, v: min(1.0, 0.1 * (s - 15) + 0.05), 16),  # window mean
-                     "completion_len", lambda s, v: min(24.0, 12 + 1.5 * (s - 15)), 16), 23),  # > 0.5 from 22
+     lambda r: patch(patch(r, "truncated_frac", lambda s, v: min(1.0, 0.1 * (s - 15) + 0.05), 16),  # > 0.4 from 19
+                     "completion_len", lambda s, v: min(24.0, 12 + 1.5 * (s - 15)), 16), 20),  # 2 steps
+    ("length_explosion", "half the completions are cut but no longer than early on",
+     lambda r: patch(r, "truncated_frac", _set(0.5), 16), "truncation"),
+    ("length_explosion", "one step with most completions cut",
+     lambda r: patch(patch(r, "truncated_frac", _set(0.8), 20, 21), "completion_len", _set(20.0), 20, 21), None),
     ("length_explosion", "a cap that is tight from the start",
      lambda r: patch(r, "truncated_frac", _set(0.6)), "truncation"),
     ("tool_use_collapse", "tool calls fall to zero after being used",
@@ -250,9 +254,12 @@ TRACES = Path(__file__).parent / "data" / "monitor"
 
 
 def test_no_alarm_over_the_metric_traces_of_real_healthy_runs():
-    """metrics.jsonl of tiny_grpo_cpu, seeds 0-5 (benchmarks/monitor_calibration.py; the keys
-    the monitor reads): the thresholds were set from these, with margin. Seed 1 is the run of the
-    reported false alarm shape (an update KL 12x its median, 0.06 per token)."""
+    """metrics.jsonl of tiny_grpo_cpu, seeds 0-5, 100 steps each (written by
+    benchmarks/monitor_calibration.py; the keys the rules read, 5 significant digits). The
+    thresholds were set from these with margin: e.g. the update KL reaches 0.08 per token and
+    6.3x its rolling median on seed 0 (the ceiling is 0.2, the spike test 10x and 0.1), and on
+    3-step means up to 47% of the positive responses lose likelihood (but their mean rises: the
+    lazy-likelihood test needs both)."""
     paths = sorted(TRACES.glob("tiny_grpo_cpu-s*.jsonl"))
     assert len(paths) == 6
     for path in paths:

@@ -89,7 +89,7 @@ class MonitorConfig:
     kl_floor: float = 0.05  # ref-KL below this is never a blow-up
     update_kl_factor: float = 10.0  # update_kl above this multiple of its rolling median ...
     update_kl_floor: float = 0.1  # ... and above this (k3 per token)
-    update_kl_max: float = 0.5  # or: update_kl above this whatever its median (one step moved the policy far)
+    update_kl_max: float = 0.2  # or: update_kl above this whatever its median (healthy tiny runs: <= 0.08)
     clip_frac_factor: float = 5.0  # update_clip_frac above this multiple of its rolling median ...
     clip_frac_floor: float = 0.2  # ... and above this
     kl_blowup_steps: int = 2
@@ -107,8 +107,9 @@ class MonitorConfig:
     length_shortcut_steps: int = 1
     length_shortcut_cooldown: int = 50
     # length_explosion: completions grow into the length cap
-    length_explosion_trunc: float = 0.5  # window mean of truncated_frac above this ...
-    length_explosion_base: float = 0.2  # ... from an early-run truncated_frac below this
+    length_explosion_trunc: float = 0.4  # this step's truncated_frac above this ...
+    length_explosion_base: float = 0.2  # ... from an early-run truncated_frac below this ...
+    length_explosion_growth: float = 0.25  # ... and completion_len more than this fraction above its early value
     length_explosion_steps: int = 2
     length_explosion_cooldown: int = 50
     # tool_use_collapse (multi-turn): the agent stops calling its tools

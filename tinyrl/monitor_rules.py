@@ -22,11 +22,11 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
                                    non-finite step (every one is reported)
     kl_blowup            alarm     KL to the reference accelerates (beta > 0); or the update KL /
                                    update clip fraction is far above its median and an absolute floor;
-                                   or the update KL is above 0.5 nats per token
+                                   or the update KL is above 0.2 nats per token
     stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal)
     length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens) while reward rises
-    length_explosion     alarm     the share of completions hitting max_new_tokens grows past 50%
-                                   from < 20% early, with the completion length
+    length_explosion     alarm     > 40% of a step's completions hit max_new_tokens (< 20% early) and
+                                   the mean length is > 25% above its early value, two steps running
     tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
     tool_loop            alarm     > 90% of trajectories end at agent.max_turns, or tool output is
                                    > 80% of the completion tokens (window means)
@@ -267,18 +267,21 @@ def length_shortcut(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 
 def length_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
-    """Completions grow into the length cap: most of them now hit max_new_tokens where few did
-    early in the run, and the mean completion length grew with it. (A cap that is tight from the
-    start is the truncation warning, not this.)"""
-    if len(h) < c.baseline_steps + c.window:
+    """Completions grow into the length cap: a large share of this step's completions hit
+    max_new_tokens where few did early in the run, and the mean completion length grew well
+    above its early value. Read per step (the duration, `length_explosion_steps`, is the noise
+    guard), so it fires while the growth is under way, before nearly every completion is cut. A
+    cap that is tight from the start is the truncation warning, not this."""
+    if len(h) <= c.baseline_steps:
         return None
-    t_base, t_now = _mean(_vals(h[: c.baseline_steps], "truncated_frac")), _window_mean(h, "truncated_frac", c.window)
-    l_base, l_now = _mean(_vals(h[: c.baseline_steps], "completion_len")), _window_mean(h, "completion_len", c.window)
-    if t_now is None or l_now is None or math.isnan(t_base) or not l_now > l_base:
+    t_base, t_now = _mean(_vals(h[: c.baseline_steps], "truncated_frac")), h[-1].get("truncated_frac")
+    l_base, l_now = _mean(_vals(h[: c.baseline_steps], "completion_len")), h[-1].get("completion_len")
+    if not (_finite(t_now) and _finite(l_now)) or math.isnan(t_base) or not l_base > 0:
         return None
-    if t_base < c.length_explosion_base and t_now > c.length_explosion_trunc:
-        return Finding(f"{t_now:.0%} of completions hit rollout.max_new_tokens (mean of the last {c.window} steps) "
-                       f"where {t_base:.0%} did early on; length {l_base:.1f} -> {l_now:.1f} tokens",
+    if (t_base < c.length_explosion_base and t_now > c.length_explosion_trunc
+            and l_now > (1 + c.length_explosion_growth) * l_base):
+        return Finding(f"{t_now:.0%} of completions hit rollout.max_new_tokens where {t_base:.0%} did early on; "
+                       f"mean length {l_base:.1f} -> {l_now:.1f} tokens",
                        "read samples.jsonl (a repetition loop? a reward that pays for length?); shape it with "
                        "algo.overlong_buffer or algo.mask_truncated=true, or lower train.lr")
     return None
