@@ -90,7 +90,7 @@ class Case:
     damage: Optional[Callable[[list[dict]], Optional[int]]] = None  # when the harm shows
     before_damage: tuple[str, ...] = ()  # the expected alarms that promise to fire before it
     overrides: dict = field(default_factory=dict)
-    seeds: Optional[tuple[int, ...]] = None  # None: --seeds
+    seeds: Optional[tuple[int, ...]] = None  # without --seeds; None: 0-5
 
     @property
     def healthy(self) -> bool:
@@ -359,7 +359,8 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--out", default="runs/monitor-calibration")
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=[n for n in CASES if n != SMOLLM])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="seeds for every case (default: 0-5 for the healthy presets, each broken preset's own)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--replay", metavar="DIR", help="no training: replay the monitor over the runs in DIR")
     ap.add_argument("--json")
@@ -369,7 +370,7 @@ def main() -> None:
     if args.replay:
         sys.exit(0 if report(Path(args.replay), args.json) else 1)
     out = Path(args.out)
-    cases = [(CASES[n], s) for n in args.cases for s in (CASES[n].seeds or args.seeds)]
+    cases = [(CASES[n], s) for n in args.cases for s in (args.seeds or CASES[n].seeds or range(6))]
     run_cases(cases, out, args.jobs)
     sys.exit(0 if report(out, args.json) else 1)
 
