@@ -379,43 +379,17 @@ def test_auto_rollback_restores_the_last_checkpoint(tiny_model_dir, run_root, on
 # --------------------------------------------------------------------------- the canary, on a real run
 
 
-class FrozenEngine:
-    """A rollout engine stuck on the initial weights: generates with a frozen deep copy of the
-    policy and ignores sync (what a broken vLLM weight push looks like)."""
-
-    def __init__(self, engine, model):
-        from tinyrl.rollout.hf import HFEngine
-
-        self.inner = HFEngine(copy.deepcopy(model), engine.tokenizer, seed=engine.seed)
-
-    def generate(self, *a, **kw):
-        return self.inner.generate(*a, **kw)
-
-    def release(self):
-        pass
-
-    def sync(self, model):
-        pass  # the bug: the trained weights never arrive
-
-    def state_dict(self):
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state):
-        self.inner.load_state_dict(state)
-
-
-def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread, monkeypatch):
+def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread):
+    """The shipped broken engine (rollout.engine=stale, tinyrl/rollout/stale.py: a frozen copy of
+    the initial policy whose sync does nothing) under a real run: the canary stops it at step 2."""
     from tests.test_training import small
-    from tinyrl import api, rollout
-    from tinyrl.rollout.hf import HFEngine
+    from tinyrl import api
     from tinyrl.trainer import StaleWeightsError
 
-    # the run's engine is the frozen one: the trainer builds it through the ENGINES registry
-    monkeypatch.setitem(rollout.ENGINES, "hf", lambda model, tok, cfg, seed: FrozenEngine(HFEngine(model, tok, seed=seed), model))
     with pytest.raises(StaleWeightsError, match="stale_weights at step 2"):
         api.train(**small(tiny_model_dir, run_root, **{
             "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False,
-            "train.steps": 4, "log.name": "stale"}))
+            "train.steps": 4, "log.name": "stale", "rollout.engine": "stale"}))
     path = Path(run_root) / "stale"
     rows = read_jsonl(path / "metrics.jsonl")
     assert len(rows) == 2  # stopped at step 2 of 4
@@ -575,3 +549,17 @@ def test_report_verdicts(tmp_path):
     (tmp_path / "empty").mkdir()
     assert "verdict: NO DATA" in write_report(tmp_path / "empty")
     assert not (tmp_path / "empty" / "metrics.png").exists()
+
+
+def test_report_keeps_warnings_out_of_the_verdict(tmp_path):
+    from tinyrl.report import write_report
+
+    rows = patch(healthy(), "truncated_frac", _set(0.2), 10)
+    mon = Monitor()
+    for r in rows:
+        mon.update(r["step"], r)
+    assert [a["severity"] for a in mon.fired] == ["warning"]
+    write_run(tmp_path / "run", rows, mon.fired)
+    text = write_report(tmp_path / "run")
+    assert "truncation (warning)" in text
+    assert text.splitlines()[-1].startswith("verdict: HEALTHY - reward rose") and "warnings: truncation" in text
