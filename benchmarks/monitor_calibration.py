@@ -99,6 +99,7 @@ class Case:
 
 CASES: dict[str, Case] = {
     "tiny_grpo_cpu": Case("tiny_grpo_cpu"),
+    "tiny_sft_grpo_cpu": Case("tiny_sft_grpo_cpu"),  # the GRPO stage after an SFT cold start
     SMOLLM: Case(SMOLLM),
     "tiny_collapse_cpu": Case("tiny_collapse_cpu", ("lazy_likelihood",), reward_collapse(), ("lazy_likelihood",),
                               seeds=(0,)),
@@ -142,8 +143,15 @@ def child(spec: dict) -> None:
     (out / spec["name"] / "case.json").write_text(json.dumps(spec))
 
 
+def metrics_file(path: Path) -> Path:
+    """The run's metrics.jsonl; a staged run (stages: [sft, grpo]) keeps the RL stage's, which is
+    the one the monitor watched, in stages/NN-grpo/ (tinyrl/stages.py)."""
+    staged = sorted(path.glob("stages/*-grpo/metrics.jsonl"))
+    return staged[-1] if staged else path / "metrics.jsonl"
+
+
 def finished(path: Path) -> bool:
-    return (path / "case.json").exists() and (path / "metrics.jsonl").exists()
+    return (path / "case.json").exists() and metrics_file(path).exists()
 
 
 def run_cases(cases: list[tuple[Case, int]], out: Path, jobs: int) -> None:
@@ -176,7 +184,7 @@ def replay(path: Path) -> tuple[dict, list[dict], list[dict]]:
 
     spec = json.loads((path / "case.json").read_text())
     _, cfg = load_config(spec["preset"], dict(spec["overrides"]))
-    rows = [r for r in read_jsonl(path / "metrics.jsonl") if "step" in r]
+    rows = [r for r in read_jsonl(metrics_file(path)) if "step" in r]
     mon = Monitor(cfg.monitor)
     fired = []
     for r in rows:
