@@ -15,8 +15,10 @@ are cached per (kind, corpus, model, index), so the index is built once per proc
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -48,10 +50,11 @@ def format_passages(docs: list[dict]) -> str:
 
 
 def read_corpus(path: str | Path) -> list[dict]:
-    """The corpus rows (`id`, `contents`) of a Search-R1-format jsonl file."""
+    """The corpus rows (`id`, `contents`) of a Search-R1-format jsonl (or .jsonl.gz) file."""
     path = Path(path)
     docs = []
-    with path.open() as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue
@@ -199,3 +202,17 @@ def build_search_tool(agent_cfg, task) -> Callable[[str], str]:
     retriever = get_retriever(getattr(agent_cfg, "retriever", "bm25"), corpus_of(agent_cfg, task),
                               getattr(agent_cfg, "retriever_model", None), getattr(agent_cfg, "index", None))
     return make_search_tool(retriever, getattr(agent_cfg, "top_k", 3))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tinyrl.agents.retrieval index CORPUS OUT_DIR`: build and save a bm25s index once
+    (for a large corpus such as wiki-18); then set `agent.corpus: OUT_DIR`."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "index":
+        raise SystemExit("usage: python -m tinyrl.agents.retrieval index CORPUS.jsonl[.gz] OUT_DIR")
+    BM25Retriever(read_corpus(args[1])).save(args[2])
+    print(f"bm25s index of {args[1]} saved to {args[2]}")
+
+
+if __name__ == "__main__":
+    main()
