@@ -93,7 +93,7 @@ GAIA_ROWS = [
      "Level": 1, "Final answer": "3", "file_name": "",
      "Annotator Metadata": {"Steps": "1. search", "Number of steps": "1", "Tools": "web browser"}},
     {"task_id": "32102e3e-d12a-4209-9163-7b3a104efe5d", "Question": "What is the cheapest item in the sheet?",
-     "Level": "2", "Final answer": "$1,200.50", "file_name": "32102e3e-d12a-4209-9163-7b3a104efe5d.xlsx",
+     "Level": "2", "Final answer": "1200.50", "file_name": "32102e3e-d12a-4209-9163-7b3a104efe5d.xlsx",
      "Annotator Metadata": {}},
     {"task_id": "test-0001", "Question": "A test-split question", "Level": 3, "Final answer": "?", "file_name": ""},
 ]
@@ -118,7 +118,8 @@ def test_gaia_task_scores_with_the_official_scorer(tmp_path):
     task = get_task("gaia")
     train, held = task.build(0, 0, path=str(tmp_path / "metadata.jsonl"))
     assert train == [] and [r["task_id"] for r in held] == [GAIA_ROWS[0]["task_id"], GAIA_ROWS[1]["task_id"]]
-    assert task.is_correct("<answer>1200.5</answer>", held[1]) and not task.is_correct("<answer>1200</answer>", held[1])
+    # a numeric ground truth: the answer's $ , % are stripped and compared as a number
+    assert task.is_correct("<answer>$1,200.5</answer>", held[1]) and not task.is_correct("<answer>1200</answer>", held[1])
     assert task.is_correct("FINAL ANSWER: 3", held[0])
     with pytest.raises(ValueError, match="task_args.path"):
         task.build(0, 0)

@@ -48,9 +48,23 @@ class Broken(Environment):
         raise RuntimeError("env bug")
 
 
+class BadReset(Environment):
+    def reset(self, row):
+        raise KeyError("secret")
+
+    def step(self, calls):
+        return [ToolResult("fine") for _ in calls]
+
+
+class Miscounts(Environment):
+    def step(self, calls):
+        return [ToolResult("one")]
+
+
 def test_search_environment_on_the_shipped_world():
     setup = build_agent(AgentConfig(enabled=True, top_k=2), _task())
     env = setup.make_env({"question": "where was Bales Bavax born?"})
+    env.reset({"question": "where was Bales Bavax born?"})
     (res,) = env.step([ToolCall("search", {"query": "Bales Bavax"})])
     assert res.error is None and res.text.startswith('Doc 1(Title: "Bales Bavax") ') and "Doc 3" not in res.text
     obs = setup.format.observation([res])
@@ -69,6 +83,8 @@ def test_stateful_environment_one_instance_per_trajectory():
                       environment="tests.agents.test_environments:Counter")
     make = make_environment(cfg)
     a, b = make({"start": 10}), make({})
+    a.reset({"start": 10})
+    b.reset({})
     assert [r.text for r in a.step([ToolCall("bump"), ToolCall("bump")])] == ["11", "12"]
     assert b.step([ToolCall("bump")])[0].text == "1"  # its own state
     assert a.step([ToolCall("get_weather", {"city": "Oslo"})])[0].text == "Oslo: 21 degrees celsius"
@@ -78,17 +94,36 @@ def test_trl_style_environment_plugs_in_unchanged():
     setup = build_agent(AgentConfig(enabled=True, tools=[], environment="tests.agents.test_environments:Guess",
                                     format="hermes"))
     assert [s["function"]["name"] for s in setup.toolbox.schemas()] == ["guess"]
-    env = setup.make_env({"secret": 7, "question": "guess"})
+    row = {"secret": 7, "question": "guess"}
+    env = setup.make_env(row)
+    env.reset(row)
     assert [r.text for r in env.step([ToolCall("guess", {"number": 3}), ToolCall("guess", {"number": 7})])] == [
         "higher", "right"]
     assert env.step([ToolCall("guess", {"number": "seven"})])[0].error == "bad_arguments"
 
 
+def _contained(name):
+    env = make_environment(AgentConfig(enabled=True, tools=[], environment=f"tests.agents.test_environments:{name}"))({})
+    env.reset({})
+    return env
+
+
 def test_a_raising_environment_is_contained():
-    env = make_environment(AgentConfig(enabled=True, tools=[], environment="tests.agents.test_environments:Broken"))({})
-    out = safe_step(env, [ToolCall("x"), ToolCall("y")])
+    env = _contained("Broken")
+    out = env.step([ToolCall("x"), ToolCall("y")])  # what the factory hands the loop never raises
     assert [(r.text, r.error) for r in out] == [("Error: the tool failed.", "exception")] * 2
     assert "env bug" in out[0].detail
+    assert safe_step(env.env, [ToolCall("x")])[0].error == "exception"  # the bare environment, through safe_step
+    with pytest.raises(RuntimeError, match="env bug"):
+        env.env.step([ToolCall("x")])
+
+
+def test_a_raising_reset_or_a_miscounting_step_is_contained():
+    broken = _contained("BadReset")
+    assert [r.error for r in broken.step([ToolCall("x"), ToolCall("y")])] == ["exception", "exception"]
+    assert "KeyError" in broken.step([ToolCall("x")])[0].detail
+    (res,) = _contained("Miscounts").step([ToolCall("x"), ToolCall("y")])[:1]
+    assert res.error == "exception" and "1 results for 2 calls" in res.detail
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -98,3 +98,18 @@ def test_python_tool_failures():
     assert py("x = (").startswith("Error: SyntaxError")
     assert py("x = 1") == "(no output)"
     assert py("while True: pass") == "Error: the program ran longer than 3 seconds."
+
+
+def test_bm25_without_its_extra_names_the_extra(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_bm25s(name, *a, **k):
+        if name == "bm25s":
+            raise ImportError("No module named 'bm25s'", name="bm25s")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_bm25s)
+    with pytest.raises(ImportError, match=r"pip install 'tinyrl\[agents\]'"):
+        BM25Retriever([{"id": "0", "contents": '"A"\na'}])

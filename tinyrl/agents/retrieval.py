@@ -72,8 +72,7 @@ class BM25Retriever:
     """bm25s (Lucene BM25, English stopwords, no stemming) over a list of corpus rows."""
 
     def __init__(self, docs: list[dict], k1: float = 1.5, b: float = 0.75):
-        import bm25s
-
+        bm25s = _bm25s()
         self._bm25s = bm25s
         self.docs = docs
         self.index = bm25s.BM25(k1=k1, b=b)
@@ -82,13 +81,14 @@ class BM25Retriever:
     @classmethod
     def load(cls, index_dir: str | Path) -> "BM25Retriever":
         """A bm25s index saved with `save(dir)` (corpus included)."""
-        import bm25s
+        bm25s = _bm25s()
 
         self = cls.__new__(cls)
         self._bm25s = bm25s
         self.index = bm25s.BM25.load(str(index_dir), load_corpus=True, show_progress=False)
         self.docs = [{"id": str(d.get("id", i)), "contents": d["contents"] if isinstance(d, dict) else str(d)}
                      for i, d in enumerate(self.index.corpus)]
+        self.index.corpus = None  # retrieve() then returns row indices (into self.docs), not corpus entries
         return self
 
     def save(self, index_dir: str | Path) -> None:
@@ -130,6 +130,14 @@ class DenseRetriever:
                                 convert_to_numpy=True, show_progress_bar=False)
         _, idx = self.index.search(q.astype("float32"), k)
         return [[self.docs[int(i)] for i in row if i >= 0] for row in idx]
+
+
+def _bm25s():
+    try:
+        import bm25s
+    except ImportError as e:
+        raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl[agents]'") from e
+    return bm25s
 
 
 def _dense_imports():
