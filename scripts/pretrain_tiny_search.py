@@ -53,7 +53,7 @@ from tinyrl.agents.formats import SearchR1Format
 from tinyrl.agents.prompts import question_prompt
 from tinyrl.agents.retrieval import NO_RESULTS, BM25Retriever, format_passages, read_corpus, split_contents
 from tinyrl.agents.tools import ERROR_KINDS, ToolResult, error_text
-from tinyrl.agents.world import QUESTIONS, SENTENCES, read_world
+from tinyrl.agents.world import QUESTIONS, SENTENCES, Person, document, read_world
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tinyrl" / "assets" / "tiny-search"
@@ -111,15 +111,41 @@ def make_model(tok, args):
 # --------------------------------------------------------------------------- episodes
 
 
+def invented_people(world, n: int, rng: random.Random) -> list[Person]:
+    """n pretraining-only people: first/last pairs of the world's pools that name nobody in the world,
+    with facts drawn at random (teachers among themselves). So many people that their facts cannot be
+    memorised: the model has to read them off the passage, which is what held-out questions need."""
+    used = {p.name for p in world.people}
+    pairs = [(f, la) for f in world.first_names for la in world.last_names if f"{f} {la}" not in used]
+    chosen = rng.sample(pairs, min(n, len(pairs)))
+    names = [f"{f} {la}" for f, la in chosen]
+    return [Person(name, f, la, rng.choice(world.cities), rng.choice(world.jobs),
+                   rng.choice([m for m in names if m != name]), "pretrain") for (f, la), name in zip(chosen, names)]
+
+
+def question_rows(people: list[Person]) -> list[dict]:
+    """The five questions about each person, as search_qa rows (prompt + metadata)."""
+    return [{"prompt": question_prompt(template.format(x=p.name), TEMPLATE),
+             "metadata": {"type": qtype, "hops": hops, "entity": p.name}}
+            for p in people for qtype, (template, hops) in QUESTIONS.items()]
+
+
 class Episodes:
-    """Pretraining episodes over the train-side people, with the behaviours of the module docstring."""
+    """Pretraining episodes over the train-side people (and `--invented` pretraining-only people), with
+    the behaviours of the module docstring."""
 
     def __init__(self, world, rows: list[dict], docs: list[dict], args):
         self.people = world.by_name()
         self.train_names = [p.name for p in world.people if p.split == "train"]
         self.cities, self.jobs = world.cities, world.jobs
         train = set(self.train_names)
-        self.retriever = BM25Retriever([d for d in docs if split_contents(d["contents"])[0].strip('"') in train])
+        docs = [d for d in docs if split_contents(d["contents"])[0].strip('"') in train]
+        invented = invented_people(world, getattr(args, "invented", 0), random.Random(f"invented-{getattr(args, 'seed', 0)}"))
+        doc_rng = random.Random(f"invented-docs-{getattr(args, 'seed', 0)}")
+        docs += [{"id": f"invented-{i}", "contents": document(p, doc_rng)} for i, p in enumerate(invented)]
+        self.people.update({p.name: p for p in invented})
+        rows = list(rows) + question_rows(invented)
+        self.retriever = BM25Retriever(docs)
         self.rows, self.args = rows, args
         self.fmt = SearchR1Format()
         self._cache: dict[tuple[str, int], tuple[str, str | None]] = {}
@@ -312,6 +338,8 @@ def main() -> None:
     p.add_argument("--p-retry", type=float, default=0.5, help="chance of searching again after a wrong document")
     p.add_argument("--p-second", type=float, default=0.4, help="chance of the second hop on a two-hop question")
     p.add_argument("--max-searches", type=int, default=3)
+    p.add_argument("--invented", type=int, default=1000,
+                   help="pretraining-only invented people (unused name pairs, random facts): reading, not memorising")
     p.add_argument("--skill-share", type=float, default=0.5,
                    help="share of episodes that always search, their first decision kept out of the loss")
     p.add_argument("--top-k", type=int, nargs="+", default=[1, 2, 2, 3],
