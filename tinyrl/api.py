@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tinyrl.config import config_from_dict, load_config
+from tinyrl.errors import ConfigError
 from tinyrl.runs import RunDir, atomic_write_text, truncate_jsonl
 
 log = logging.getLogger("tinyrl")
@@ -70,7 +71,7 @@ def _resume(path: Path, preset, profile, overrides: dict):
             raise checkpoint.ResumeError(f"--resume {path}: no checkpoint in {run.ckpt_dir} to continue from "
                                          f"(set train.save_every to checkpoint during a run)")
         trainer = Trainer(cfg, run)
-            ckpt = checkpoint.load_latest(trainer, run)
+        ckpt = checkpoint.load_latest(trainer, run)
         changed = config_changes(ckpt.state.get("config") or old, cfg.to_dict())
         if changed:
             log.warning("--resume: the config differs from the one checkpoint %s was trained with: %s",
@@ -109,7 +110,12 @@ def train(preset=None, profile=None, resume=None, **overrides):
     """Train a preset (or continue `resume`, a run folder); returns the finished `Run`.
 
     The run folder gets summary.json and report.txt even when training stops on an error
-    (the stale-weights canary, a crash): the report is most useful exactly then."""
+    (the stale-weights canary, a crash): the report is most useful exactly then.
+    A config with `stages` (sft, grpo, rest_em, star) runs them in order (tinyrl/stages.py)."""
+    from tinyrl.stages import run_stages, staged
+
+    if staged(preset, profile, resume, _split_overrides(overrides)):
+        return run_stages(preset, profile, resume, _split_overrides(overrides))
     trainer = build_trainer(preset, profile, resume, overrides)
     run, error = None, None
     try:
@@ -138,22 +144,27 @@ def _write_summary(trainer, run, error: str | None) -> None:
     write_report(trainer.run.path)
 
 
-def evaluate(preset=None, adapter=None, **overrides) -> float:
-    """Held-out greedy pass@1 of the preset's model; `adapter` is a run folder or adapter folder."""
-    from tinyrl.data import load_rows, render_prompt
-    from tinyrl.evaluation import accuracy
+def evaluate(preset=None, adapter=None, report: bool = False, **overrides):
+    """Held-out greedy pass@1 of the preset's model; `adapter` is a run folder or adapter folder.
+
+    With `report=True`, the whole `tinyrl.evaluation.EvalReport`: the task's own scores (EM, F1)
+    and, for agent presets, tool calls / turns / tool error rate per question. The rollout is the
+    HF engine (one card or a CPU), multi-turn when the preset's `agent.enabled`."""
+    from tinyrl.data import load_rows
+    from tinyrl.evaluation import evaluate_rows
     from tinyrl.model import load_policy
+    from tinyrl.rollout import make_engine, prompt_renderer
     from tinyrl.rollout.base import SamplingParams
-    from tinyrl.rollout.hf import HFEngine
 
     _, cfg = load_config(preset, _split_overrides(overrides))
-    if adapter is not None and (Path(adapter) / "adapter").is_dir():
-        adapter = Path(adapter) / "adapter"
     model, tok = load_policy(cfg.model, cfg.lora, adapter=str(adapter) if adapter else None)
     _, rows, task = load_rows(cfg.data)
     if task is None:
-        raise ValueError("evaluate needs a built-in task with a verifier (data.task)")
+        raise ConfigError("data.task: evaluate needs a built-in task with a verifier (data.task)")
+    engine = make_engine("hf", model, tok, cfg, seed=cfg.train.seed, task=task)
+    render = prompt_renderer(engine, tok, cfg.data)
     for r in rows:
-        r["rendered"] = render_prompt(tok, r["prompt"], cfg.data)
+        r["rendered"] = render(r["prompt"])
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop) or task.stop)
-    return accuracy(HFEngine(model, tok), rows, task, params)
+    result = evaluate_rows(engine, rows, task, params)
+    return result if report else result.accuracy

@@ -68,6 +68,14 @@ def cmd_train(ns) -> int:
     return 0
 
 
+def cmd_sft(ns) -> int:
+    """`tinyrl sft PRESET [data=FILE]`: `tinyrl train` with stages=[sft]; a bare data=... is sft.data."""
+    ns.args = [f"sft.{a}" if a.startswith("data=") else a for a in ns.args]
+    if ns.resume is None:
+        ns.args.append("stages=[sft]")
+    return cmd_train(ns)
+
+
 def cmd_presets(ns) -> int:
     from tinyrl.config import DEFAULT_PRESET, list_presets
 
@@ -83,8 +91,10 @@ def cmd_eval(ns) -> int:
 
     preset, overrides = _split(ns.args)  # `eval a.b=1`: no preset
     kv = {".".join(k): v for k, v in map(parse_override, overrides)}
-    acc = evaluate(preset, adapter=ns.adapter, **kv)
-    print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
+    if ns.gaia is not None:  # GAIA's metadata.jsonl, scored with GAIA's own scorer
+        kv.update({"data.task": "gaia", "data.task_args": {"path": ns.gaia}})
+    result = evaluate(preset, adapter=ns.adapter, report=True, **kv)
+    print("\n".join(result.lines()))
     return 0
 
 
@@ -103,10 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
     t.set_defaults(fn=cmd_train)
+    f = sub.add_parser("sft", help="LoRA/QLoRA SFT through TRL (prompt/completion rows, a run folder's samples, "
+                                   "or the task's answers)")
+    f.add_argument("args", nargs="*", help="[PRESET] [data=FILE|RUN_DIR] [section.field=value ...]")
+    f.add_argument("--profile", help="hardware profile defined in the preset")
+    f.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    f.set_defaults(fn=cmd_sft)
     sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
     e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
     e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
+    e.add_argument("--gaia", metavar="METADATA_JSONL", help="score GAIA questions (its metadata.jsonl) with GAIA's scorer")
     e.set_defaults(fn=cmd_eval)
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")

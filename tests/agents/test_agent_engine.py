@@ -154,7 +154,6 @@ def test_search_r1_with_the_search_tool_end_to_end(policy, world):
             (call,) = setup.format.parse(entry["text"])
             assert entry["calls"] == [{"name": "search", "arguments": call.arguments}]
             env = setup.make_env(rows[i // 4])
-            env.reset(rows[i // 4])
             expected = tok(setup.format.observation(env.step([call]), tok), add_special_tokens=False)["input_ids"]
             assert obs_ids == expected[: len(obs_ids)]
             text = tok.decode(obs_ids)

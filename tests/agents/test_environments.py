@@ -64,7 +64,6 @@ class Miscounts(Environment):
 def test_search_environment_on_the_shipped_world():
     setup = build_agent(AgentConfig(enabled=True, top_k=2), _task())
     env = setup.make_env({"question": "where was Bales Bavax born?"})
-    env.reset({"question": "where was Bales Bavax born?"})
     (res,) = env.step([ToolCall("search", {"query": "Bales Bavax"})])
     assert res.error is None and res.text.startswith('Doc 1(Title: "Bales Bavax") ') and "Doc 3" not in res.text
     obs = setup.format.observation([res])
@@ -82,9 +81,7 @@ def test_stateful_environment_one_instance_per_trajectory():
     cfg = AgentConfig(enabled=True, tools=["tests.agents.test_tools:get_weather"],
                       environment="tests.agents.test_environments:Counter")
     make = make_environment(cfg)
-    a, b = make({"start": 10}), make({})
-    a.reset({"start": 10})
-    b.reset({})
+    a, b = make({"start": 10}), make({})  # each reset with its row by the factory
     assert [r.text for r in a.step([ToolCall("bump"), ToolCall("bump")])] == ["11", "12"]
     assert b.step([ToolCall("bump")])[0].text == "1"  # its own state
     assert a.step([ToolCall("get_weather", {"city": "Oslo"})])[0].text == "Oslo: 21 degrees celsius"
@@ -96,16 +93,13 @@ def test_trl_style_environment_plugs_in_unchanged():
     assert [s["function"]["name"] for s in setup.toolbox.schemas()] == ["guess"]
     row = {"secret": 7, "question": "guess"}
     env = setup.make_env(row)
-    env.reset(row)
     assert [r.text for r in env.step([ToolCall("guess", {"number": 3}), ToolCall("guess", {"number": 7})])] == [
         "higher", "right"]
     assert env.step([ToolCall("guess", {"number": "seven"})])[0].error == "bad_arguments"
 
 
 def _contained(name):
-    env = make_environment(AgentConfig(enabled=True, tools=[], environment=f"tests.agents.test_environments:{name}"))({})
-    env.reset({})
-    return env
+    return make_environment(AgentConfig(enabled=True, tools=[], environment=f"tests.agents.test_environments:{name}"))({})
 
 
 def test_a_raising_environment_is_contained():

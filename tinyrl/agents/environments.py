@@ -11,8 +11,8 @@ A TRL environment class (`reset(**row)` plus public methods that are its tools, 
 `environment_factory` convention) plugs in unchanged: `TRLEnvironment` wraps it.
 
 `make_environment(agent_cfg, task)` returns the factory the loop calls once per trajectory:
-`factory(row)` builds a fresh environment; the loop (`tinyrl.rollout.agent.AgentEngine`) then
-calls `reset(row)` and `step(calls)` on it. What the factory returns is `Contained`: a user's
+`factory(row)` builds a fresh environment and resets it with `row`; the loop
+(`tinyrl.rollout.agent.AgentEngine`) then calls `step(calls)`. What the factory returns is `Contained`: a user's
 environment whose `reset` or `step` raises (or returns the wrong number of results) gives every
 call the fixed exception observation instead of stopping the run (`safe_step`).
 """
@@ -137,9 +137,8 @@ def _takes_toolbox(cls) -> bool:
 
 
 def make_environment(agent_cfg, task=None) -> Callable[[dict], Environment]:
-    """The per-trajectory factory: `factory(row)` -> a fresh `Contained` environment (not yet reset:
-    the loop calls `reset(row)`, as `AgentEngine` does). The row is the factory's argument so that a
-    factory may choose the environment by row; this one builds the same kind for every row.
+    """The per-trajectory factory: `factory(row)` -> a fresh `Contained` environment, reset with `row`
+    (`AgentEngine` calls only `step` on it).
 
     Tools (and the retriever index behind `search`) are built once, here; environments share them.
     """
@@ -164,7 +163,9 @@ def make_environment(agent_cfg, task=None) -> Callable[[dict], Environment]:
             return env
 
     def factory(row: dict) -> Environment:
-        return Contained(construct())
+        env = Contained(construct())
+        env.reset(row)
+        return env
 
     factory.construct = construct  # the bare environment (to read its tools)
     factory.toolbox = toolbox  # what the prompt describes (format instructions / tool schemas)

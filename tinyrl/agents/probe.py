@@ -92,9 +92,7 @@ def run_episodes(model, tokenizer, rows: list[dict], setup: AgentSetup, n: int =
     fmt = setup.format
     stop = list(fmt.stop) + list(fmt.final)
     eps = [Episode(r, [], []) for r in rows for _ in range(n)]
-    envs = [setup.make_env(e.row) for e in eps]
-    for env, e in zip(envs, eps):
-        env.reset(e.row)  # as the training loop (AgentEngine) does
+    envs = [setup.make_env(e.row) for e in eps]  # reset with the row, as in the training loop
     prompts = [_encode(tokenizer, e.row["rendered"]) for e in eps]
     was_training = model.training
     model.eval()
