@@ -2,7 +2,7 @@
 
     python benchmarks/search_agent.py                      # 3 seeds x (search agent, mask off, no tool)
     python benchmarks/search_agent.py --seeds 0 --arms agent
-    python benchmarks/search_agent.py --before-only        # the base model through the probe only
+    python benchmarks/search_agent.py --before-only        # the base model only (greedy held-out EM, searches per question)
     python benchmarks/search_agent.py train.steps=40       # overrides for every arm
 
 Target (issue 14): held-out EM +25 points or more in <= 10 minutes on 2 CPU cores, seeds 0/1/2.
@@ -16,8 +16,9 @@ Arms, at the same budget (same preset, steps, batch):
 Each arm runs through the public API (`tinyrl.train(preset, **overrides)`); wall time counts
 all of it (model load, both held-out evaluations, every step, saving). Held-out EM before/after
 is the trainer's own evaluation (greedy, multi-turn, the task's EM). Searches per question come
-from the reference probe (`tinyrl.agents.probe`, greedy, same held-out rows) on the base model
-and on the trained adapter, under each arm's own tool setting.
+from `tinyrl.evaluate(report=True)` (the same greedy multi-turn evaluation, with its tool-use
+report) on the base model and on each arm's adapter, under that arm's own tool setting.
+Timings depend on the machine's load: say what else ran.
 """
 
 from __future__ import annotations
@@ -39,25 +40,14 @@ ARMS = {
 TARGET_POINTS, TARGET_SECONDS = 25.0, 600.0
 
 
-def probe_model(overrides: dict, adapter: str | None = None, n: int = 1) -> dict:
-    """Greedy EM and searches per question of the preset's model (with `adapter`) on its held-out rows."""
-    from tinyrl.agents import build_agent
-    from tinyrl.agents.probe import run_episodes, summarize
-    from tinyrl.agents.prompts import render_agent_prompt
-    from tinyrl.config import load_config
-    from tinyrl.data import load_rows
-    from tinyrl.model import load_policy
+def tool_use(overrides: dict, adapter: str | None = None) -> dict:
+    """Greedy held-out EM and tool calls per question of the preset's model (with `adapter`)."""
+    import tinyrl
 
-    _, cfg = load_config(PRESET, overrides)
-    model, tok = load_policy(cfg.model, cfg.lora, adapter=adapter)
-    _, rows, task = load_rows(cfg.data)
-    setup = build_agent(cfg.agent, task)
-    for r in rows:
-        r["rendered"] = render_agent_prompt(tok, r["prompt"], setup.format, setup.toolbox, cfg.data)
-    eps = run_episodes(model, tok, rows, setup, n=n, greedy=n == 1, max_turns=cfg.agent.max_turns,
-                       max_new_tokens=cfg.rollout.max_new_tokens, max_obs_tokens=cfg.agent.max_obs_tokens,
-                       seed=cfg.train.seed)
-    return summarize(eps, n)
+    rep = tinyrl.evaluate(PRESET, adapter=adapter, report=True, **overrides)
+    return {"em": rep.accuracy, "searches": rep.agent.get("tool_calls_per_question", float("nan")),
+            "turns": rep.agent.get("turns_per_question", float("nan")),
+            "tool_error_rate": rep.agent.get("tool_error_rate", float("nan"))}
 
 
 def run_arm(arm: str, seed: int, extra: dict, root: str) -> dict:
@@ -68,9 +58,9 @@ def run_arm(arm: str, seed: int, extra: dict, root: str) -> dict:
     run = tinyrl.train(PRESET, **overrides)
     wall = time.perf_counter() - t0
     metrics = run.metrics
-    after = probe_model({k: v for k, v in overrides.items() if not k.startswith("log.")}, adapter=str(run.adapter))
+    after = tool_use({k: v for k, v in overrides.items() if not k.startswith("log.")}, adapter=str(run.adapter))
     return {"arm": arm, "seed": seed, "before": run.eval_before, "after": run.eval_after, "wall": wall,
-            "steps": len(metrics), "searches_after": after["searches"], "probe_em_after": after["em"],
+            "steps": len(metrics), "searches_after": after["searches"], "eval_em_after": after["em"],
             "tool_calls_per_traj_last": (metrics[-1].get("tool_calls_per_traj") if metrics else None)}
 
 
@@ -90,7 +80,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--before-only", action="store_true", help="probe the base model under each arm; no training")
+    ap.add_argument("--before-only", action="store_true", help="evaluate the base model under each arm; no training")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -99,8 +89,8 @@ def main() -> None:
     from tinyrl.config import parse_override
 
     extra = {".".join(k): v for k, v in map(parse_override, args.overrides)}
-    before = {arm: probe_model({**ARMS[arm], **extra}) for arm in args.arms}
-    print("base model on the held-out questions (reference probe, greedy):")
+    before = {arm: tool_use({**ARMS[arm], **extra}) for arm in args.arms}
+    print("base model on the held-out questions (greedy, multi-turn):")
     for arm, m in before.items():
         print(f"  {arm:<9} EM {100 * m['em']:5.1f}%  searches/q {m['searches']:.2f}  turns {m['turns']:.2f}  "
               f"tool errors {m['tool_error_rate']:.2f}")

@@ -1,6 +1,6 @@
 """Pretrain tinyrl's shipped search-agent base model, tiny-search, on the offline search world.
 
-    python scripts/pretrain_tiny_search.py             # writes tinyrl/assets/tiny-search/
+    nice -n 10 python scripts/pretrain_tiny_search.py   # writes tinyrl/assets/tiny-search/ (seed 0; ~10 min, 1 core)
     python scripts/pretrain_tiny_search.py --out /tmp/ts --steps 300 --no-save
     python scripts/pretrain_tiny_search.py --eval-only # re-measure the saved model
 
@@ -27,6 +27,13 @@ are the Search-R1 protocol (`Question: ...` / `<search> q </search>` / the real 
 - two-hop questions, after the first document: search the teacher with `--p-second` (0.4),
   else stop after one hop and answer the entity's own city / job (plausible, wrong);
 - then the answer is copied from the first passage of the last observation, and </s>.
+
+Besides the 240 train-side people, episodes are about `--invented` (1000) pretraining-only people:
+first/last pairs of the same pools that name nobody in the world, with random facts, in documents
+of the world's own layout, searched by the same BM25 index. With only the train-side people a
+small model memorises their facts instead of reading the passage (measured: answer copied from a
+forced correct search 40% on train people, 7.5% on held-out ones); with 1,240 people reading is
+the cheaper solution, and reading is what held-out questions need.
 
 The loss sees the model's tokens only (not the prompt, not the observations), exactly the tokens
 the policy samples in RL; the observations come from the real search tool, tokenized on their
@@ -342,23 +349,23 @@ def main() -> None:
                    help="pretraining-only invented people (unused name pairs, random facts): reading, not memorising")
     p.add_argument("--skill-share", type=float, default=0.5,
                    help="share of episodes that always search, their first decision kept out of the loss")
-    p.add_argument("--top-k", type=int, nargs="+", default=[1, 2, 2, 3],
+    p.add_argument("--top-k", type=int, nargs="+", default=[1, 2, 2],
                    help="passages per search (one drawn per episode)")
     p.add_argument("--eval-top-k", type=int, default=2, help="passages per search when measuring (tiny_search_cpu's)")
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=96)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--mlp-ratio", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--num-eval", type=int, default=200)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
+    p.add_argument("--num-eval", type=int, default=60)
     p.add_argument("--max-new-tokens", type=int, default=320)
     p.add_argument("--max-obs-tokens", type=int, default=128)
     p.add_argument("--log-every", type=int, default=100)
-    p.add_argument("--check-every", type=int, default=0, help="a quick held-out check every N steps (0: none)")
+    p.add_argument("--check-every", type=int, default=250, help="a quick held-out check every N steps (0: none)")
     p.add_argument("--no-save", action="store_true", help="train and evaluate only")
     p.add_argument("--eval-only", action="store_true", help="evaluate the model saved in --out (refreshes its info)")
     args = p.parse_args()
