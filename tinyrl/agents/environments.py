@@ -11,9 +11,10 @@ A TRL environment class (`reset(**row)` plus public methods that are its tools, 
 `environment_factory` convention) plugs in unchanged: `TRLEnvironment` wraps it.
 
 `make_environment(agent_cfg, task)` returns the factory the loop calls once per trajectory:
-`factory(row)` builds an environment and resets it with `row`. `safe_step` is how the loop
-should call `step`: a user's environment that raises gives every call the fixed exception
-observation instead of stopping the run.
+`factory(row)` builds a fresh environment and resets it with `row`; the loop
+(`tinyrl.rollout.agent.AgentEngine`) then calls `step(calls)`. What the factory returns is `Contained`: a user's
+environment whose `reset` or `step` raises (or returns the wrong number of results) gives every
+call the fixed exception observation instead of stopping the run (`safe_step`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,37 @@ def safe_step(env: Environment, calls: list[ToolCall]) -> list[ToolResult]:
         return [ToolResult(error_text("exception"), "exception", f"{type(e).__name__}: {e}") for _ in calls]
 
 
+class Contained(Environment):
+    """An environment whose `reset` and `step` never raise: what `make_environment`'s factory returns.
+
+    A `reset` that raises is logged and leaves the environment broken: each later call gets the
+    fixed exception observation (the trajectory goes on; its calls are counted as tool errors).
+    Attributes other than reset/step (a stateful environment's own state) read through."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self.toolbox = env.toolbox
+        self.broken: str | None = None
+
+    def reset(self, row: dict) -> None:
+        try:
+            self.env.reset(row)
+            self.broken = None
+        except Exception as e:  # a user's environment must never take the run down
+            log.warning("environment %s.reset raised %s: %s", type(self.env).__name__, type(e).__name__, e)
+            self.broken = f"reset raised {type(e).__name__}: {e}"
+
+    def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        if self.broken is not None:
+            return [ToolResult(error_text("exception"), "exception", self.broken) for _ in calls]
+        return safe_step(self.env, calls)
+
+    def __getattr__(self, name):
+        if name == "env":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
 def build_toolbox(agent_cfg, task=None) -> Toolbox:
     """The run's tools (`agent.tools`) as a Toolbox with `agent.tool_timeout`."""
     tools = [resolve_tool(spec, agent_cfg, task) for spec in getattr(agent_cfg, "tools", [])]
@@ -105,7 +137,8 @@ def _takes_toolbox(cls) -> bool:
 
 
 def make_environment(agent_cfg, task=None) -> Callable[[dict], Environment]:
-    """The per-trajectory factory: `factory(row)` -> an environment already reset with `row`.
+    """The per-trajectory factory: `factory(row)` -> a fresh `Contained` environment, reset with `row`
+    (`AgentEngine` calls only `step` on it).
 
     Tools (and the retriever index behind `search`) are built once, here; environments share them.
     """
@@ -130,11 +163,11 @@ def make_environment(agent_cfg, task=None) -> Callable[[dict], Environment]:
             return env
 
     def factory(row: dict) -> Environment:
-        env = construct()
+        env = Contained(construct())
         env.reset(row)
         return env
 
-    factory.construct = construct  # an environment not yet reset (to read its tools)
+    factory.construct = construct  # the bare environment (to read its tools)
     factory.toolbox = toolbox  # what the prompt describes (format instructions / tool schemas)
     return factory
 

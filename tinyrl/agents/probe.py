@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tinyrl.agents.environments import AgentSetup, safe_step
+from tinyrl.agents.environments import AgentSetup
 from tinyrl.rewards.qa import em_check, extract_answer
 
 
@@ -92,7 +92,7 @@ def run_episodes(model, tokenizer, rows: list[dict], setup: AgentSetup, n: int =
     fmt = setup.format
     stop = list(fmt.stop) + list(fmt.final)
     eps = [Episode(r, [], []) for r in rows for _ in range(n)]
-    envs = [setup.make_env(e.row) for e in eps]
+    envs = [setup.make_env(e.row) for e in eps]  # reset with the row, as in the training loop
     prompts = [_encode(tokenizer, e.row["rendered"]) for e in eps]
     was_training = model.training
     model.eval()
@@ -125,7 +125,7 @@ def run_episodes(model, tokenizer, rows: list[dict], setup: AgentSetup, n: int =
                     calls_of[i] = calls
             for i, calls in calls_of.items():
                 e = eps[i]
-                results = safe_step(envs[i], calls)
+                results = envs[i].step(calls)  # Contained: never raises
                 e.calls += [c.name for c in calls]
                 e.tool_errors += sum(r.error is not None for r in results)
                 obs = _encode(tokenizer, fmt.observation(results, tokenizer))[:max_obs_tokens]

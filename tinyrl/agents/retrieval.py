@@ -15,8 +15,10 @@ are cached per (kind, corpus, model, index), so the index is built once per proc
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -48,10 +50,11 @@ def format_passages(docs: list[dict]) -> str:
 
 
 def read_corpus(path: str | Path) -> list[dict]:
-    """The corpus rows (`id`, `contents`) of a Search-R1-format jsonl file."""
+    """The corpus rows (`id`, `contents`) of a Search-R1-format jsonl (or .jsonl.gz) file."""
     path = Path(path)
     docs = []
-    with path.open() as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue
@@ -69,8 +72,7 @@ class BM25Retriever:
     """bm25s (Lucene BM25, English stopwords, no stemming) over a list of corpus rows."""
 
     def __init__(self, docs: list[dict], k1: float = 1.5, b: float = 0.75):
-        import bm25s
-
+        bm25s = _bm25s()
         self._bm25s = bm25s
         self.docs = docs
         self.index = bm25s.BM25(k1=k1, b=b)
@@ -79,13 +81,14 @@ class BM25Retriever:
     @classmethod
     def load(cls, index_dir: str | Path) -> "BM25Retriever":
         """A bm25s index saved with `save(dir)` (corpus included)."""
-        import bm25s
+        bm25s = _bm25s()
 
         self = cls.__new__(cls)
         self._bm25s = bm25s
         self.index = bm25s.BM25.load(str(index_dir), load_corpus=True, show_progress=False)
         self.docs = [{"id": str(d.get("id", i)), "contents": d["contents"] if isinstance(d, dict) else str(d)}
                      for i, d in enumerate(self.index.corpus)]
+        self.index.corpus = None  # retrieve() then returns row indices (into self.docs), not corpus entries
         return self
 
     def save(self, index_dir: str | Path) -> None:
@@ -127,6 +130,14 @@ class DenseRetriever:
                                 convert_to_numpy=True, show_progress_bar=False)
         _, idx = self.index.search(q.astype("float32"), k)
         return [[self.docs[int(i)] for i in row if i >= 0] for row in idx]
+
+
+def _bm25s():
+    try:
+        import bm25s
+    except ImportError as e:
+        raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl[agents]'") from e
+    return bm25s
 
 
 def _dense_imports():
@@ -199,3 +210,17 @@ def build_search_tool(agent_cfg, task) -> Callable[[str], str]:
     retriever = get_retriever(getattr(agent_cfg, "retriever", "bm25"), corpus_of(agent_cfg, task),
                               getattr(agent_cfg, "retriever_model", None), getattr(agent_cfg, "index", None))
     return make_search_tool(retriever, getattr(agent_cfg, "top_k", 3))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tinyrl.agents.retrieval index CORPUS OUT_DIR`: build and save a bm25s index once
+    (for a large corpus such as wiki-18); then set `agent.corpus: OUT_DIR`."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "index":
+        raise SystemExit("usage: python -m tinyrl.agents.retrieval index CORPUS.jsonl[.gz] OUT_DIR")
+    BM25Retriever(read_corpus(args[1])).save(args[2])
+    print(f"bm25s index of {args[1]} saved to {args[2]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Does RL teach the tiny model to search? `tiny_search_cpu` for seeds 0/1/2, and two ablations.
+
+    python benchmarks/search_agent.py                      # 3 seeds x (search agent, mask off, no tool)
+    python benchmarks/search_agent.py --seeds 0 --arms agent
+    python benchmarks/search_agent.py --before-only        # the base model only (greedy held-out EM, searches per question)
+    python benchmarks/search_agent.py train.steps=40       # overrides for every arm
+
+Target (issue 14): held-out EM +25 points or more in <= 10 minutes on 2 CPU cores, seeds 0/1/2.
+Arms, at the same budget (same preset, steps, batch):
+
+- `agent`: the preset as shipped (observation tokens masked out of the loss);
+- `mask_off`: `agent.mask_observations=false`: the loss also trains the observation tokens;
+- `no_tool`: `agent.tools=[]`: every `<search>` reaches no tool and gets the fixed line
+  `Error: unknown tool. Available tools: none.`; only guessing is left to learn.
+
+Each arm runs through the public API (`tinyrl.train(preset, **overrides)`); wall time counts
+all of it (model load, both held-out evaluations, every step, saving). Held-out EM before/after
+is the trainer's own evaluation (greedy, multi-turn, the task's EM). Searches per question come
+from `tinyrl.evaluate(report=True)` (the same greedy multi-turn evaluation, with its tool-use
+report) on the base model and on each arm's adapter, under that arm's own tool setting.
+Timings depend on the machine's load: say what else ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PRESET = "tiny_search_cpu"
+ARMS = {
+    "agent": {},
+    "mask_off": {"agent.mask_observations": False},
+    "no_tool": {"agent.tools": []},
+}
+TARGET_POINTS, TARGET_SECONDS = 25.0, 600.0
+
+
+def tool_use(overrides: dict, adapter: str | None = None) -> dict:
+    """Greedy held-out EM and tool calls per question of the preset's model (with `adapter`)."""
+    import tinyrl
+
+    rep = tinyrl.evaluate(PRESET, adapter=adapter, report=True, **overrides)
+    return {"em": rep.accuracy, "searches": rep.agent.get("tool_calls_per_question", float("nan")),
+            "turns": rep.agent.get("turns_per_question", float("nan")),
+            "tool_error_rate": rep.agent.get("tool_error_rate", float("nan"))}
+
+
+def run_arm(arm: str, seed: int, extra: dict, root: str) -> dict:
+    import tinyrl
+
+    overrides = {**ARMS[arm], "train.seed": seed, "log.run_dir": root, "log.progress": False, **extra}
+    t0 = time.perf_counter()
+    run = tinyrl.train(PRESET, **overrides)
+    wall = time.perf_counter() - t0
+    metrics = run.metrics
+    after = tool_use({k: v for k, v in overrides.items() if not k.startswith("log.")}, adapter=str(run.adapter))
+    return {"arm": arm, "seed": seed, "before": run.eval_before, "after": run.eval_after, "wall": wall,
+            "steps": len(metrics), "searches_after": after["searches"], "eval_em_after": after["em"],
+            "tool_calls_per_traj_last": (metrics[-1].get("tool_calls_per_traj") if metrics else None)}
+
+
+def table(rows: list[dict], before: dict) -> str:
+    lines = [f"{'arm':<9} {'seed':>4} {'EM before':>9} {'EM after':>9} {'change':>7} {'wall s':>7} "
+             f"{'searches/q before':>17} {'after':>6}"]
+    for r in rows:
+        change = 100 * (r["after"] - r["before"]) if r["after"] is not None and r["before"] is not None else float("nan")
+        lines.append(f"{r['arm']:<9} {r['seed']:>4} {100 * r['before']:>8.1f}% {100 * r['after']:>8.1f}% "
+                     f"{change:>+7.1f} {r['wall']:>7.0f} {before[r['arm']]['searches']:>17.2f} "
+                     f"{r['searches_after']:>6.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--before-only", action="store_true", help="evaluate the base model under each arm; no training")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from tinyrl.config import parse_override
+
+    extra = {".".join(k): v for k, v in map(parse_override, args.overrides)}
+    before = {arm: tool_use({**ARMS[arm], **extra}) for arm in args.arms}
+    print("base model on the held-out questions (greedy, multi-turn):")
+    for arm, m in before.items():
+        print(f"  {arm:<9} EM {100 * m['em']:5.1f}%  searches/q {m['searches']:.2f}  turns {m['turns']:.2f}  "
+              f"tool errors {m['tool_error_rate']:.2f}")
+    if args.before_only:
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        for seed in args.seeds:
+            for arm in args.arms:
+                rows.append(run_arm(arm, seed, extra, root))
+                print(table(rows[-1:], before).splitlines()[-1], flush=True)
+    print("\n" + table(rows, before))
+    print("\nside by side (mean over seeds): EM after")
+    for arm in args.arms:
+        got = [r for r in rows if r["arm"] == arm]
+        print(f"  {arm:<9} {100 * sum(r['after'] for r in got) / len(got):5.1f}%  "
+              f"(change {100 * sum(r['after'] - r['before'] for r in got) / len(got):+5.1f}, "
+              f"searches/q {sum(r['searches_after'] for r in got) / len(got):.2f})")
+    agent = [r for r in rows if r["arm"] == "agent"]
+    ok = bool(agent) and all(100 * (r["after"] - r["before"]) >= TARGET_POINTS and r["wall"] <= TARGET_SECONDS
+                             for r in agent)
+    print(f"\ntarget (+{TARGET_POINTS:.0f} EM points in <= {TARGET_SECONDS:.0f} s on {args.threads} threads, "
+          f"every seed): {'met' if ok else 'MISSED'}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"before": before, "runs": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
