@@ -365,23 +365,44 @@ def list_presets() -> dict[str, str]:
     return out
 
 
-def read_preset(preset: str | Path | None) -> tuple[str, dict]:
-    """Return (name, raw dict) of a shipped preset name or a YAML file path."""
+def read_preset(preset: str | Path | None, _chain: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """Return (name, raw dict) of a shipped preset name or a YAML file path.
+
+    `base: OTHER` (a shipped name, or a YAML path relative to this file) starts from OTHER's
+    fields: mappings merge key by key (profiles too), any other value replaces the base's."""
     preset = DEFAULT_PRESET if preset is None else str(preset)
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path.stem, yaml.safe_load(path.read_text()) or {}
-    name = preset[:-5] if preset.endswith(".yaml") else preset
-    entry = _preset_dir() / f"{name}.yaml"
-    if not entry.is_file():
-        known = sorted(list_presets())
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
-            f"Shipped presets: {known} (see `tinyrl presets`)."
-        )
-    return name, yaml.safe_load(entry.read_text()) or {}
+        name, data, here = path.stem, yaml.safe_load(path.read_text()) or {}, path.parent
+    else:
+        name = preset[:-5] if preset.endswith(".yaml") else preset
+        entry = _preset_dir() / f"{name}.yaml"
+        if not entry.is_file():
+            known = sorted(list_presets())
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
+                f"Shipped presets: {known} (see `tinyrl presets`)."
+            )
+        data, here = yaml.safe_load(entry.read_text()) or {}, None
+    base = data.pop("base", None)
+    if base is None:
+        return name, data
+    if not isinstance(base, str):
+        raise ConfigError(f"preset {name!r}: base must name a preset (shipped name or YAML path), got {base!r}")
+    if here is not None and base.endswith((".yaml", ".yml")) and (here / base).is_file():
+        base = str(here / base)
+    if name in _chain or base in _chain or Path(base).stem == name:
+        raise ConfigError(f"preset {name!r}: base {base!r} leads back to itself ({' -> '.join(_chain + (name,))})")
+
+    def merged(under: dict, over: dict) -> dict:
+        out = dict(under)
+        for k, v in over.items():
+            out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    return name, merged(read_preset(base, _chain + (name,))[1], data)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
