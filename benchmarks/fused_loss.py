@@ -58,14 +58,15 @@ def step(impl, d, chunk_size):
     """One loss forward + backward."""
     import torch
 
-    from tinyrl.algo.losses import LossSettings, policy_loss
+    from tinyrl.algo.losses import policy_loss
+    from tinyrl.config import AlgoConfig
 
     if impl == "naive":
         from tinyrl.kernels.torch_logprobs import naive_linear_logprobs
 
         B, T, H = d["h"].shape
         logp, ent = naive_linear_logprobs(d["h"].reshape(-1, H), d["w"], d["t"].reshape(-1))
-        loss = policy_loss(logp.reshape(B, T), d["old"], d["adv"], d["mask"], LossSettings(), entropy=ent).loss
+        loss = policy_loss(logp.reshape(B, T), d["old"], d["adv"], d["mask"], AlgoConfig(), entropy=ent).loss
     elif impl == "liger":
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
@@ -75,7 +76,7 @@ def step(impl, d, chunk_size):
     else:
         from tinyrl.kernels import fused_linear_grpo_loss
 
-        loss = fused_linear_grpo_loss(d["h"], d["w"], d["t"], d["mask"], d["adv"], LossSettings(),
+        loss = fused_linear_grpo_loss(d["h"], d["w"], d["t"], d["mask"], d["adv"], AlgoConfig(),
                                       old_logp=d["old"], chunk_size=chunk_size, impl=impl.split("-")[1]).loss
     loss.backward()
     return float(loss.detach())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tinyrl.algo.losses import BatchTotals, LossSettings, policy_loss
+from tinyrl.algo.losses import BatchTotals, LossSwitches, policy_loss
 
 HAS_TRITON: bool = importlib.util.find_spec("triton") is not None
 
@@ -70,7 +70,7 @@ def fused_linear_grpo_loss(
     targets: torch.Tensor,  # [N, T] long, sampled completion tokens
     mask: torch.Tensor,  # [N, T] tokens in the loss
     advantages: torch.Tensor,  # [N] or [N, T]
-    settings: LossSettings,
+    settings: LossSwitches,  # the run's AlgoConfig
     *,
     bias: torch.Tensor | None = None,  # [V]
     old_logp: torch.Tensor | None = None,  # [N, T]; None = detached current logprobs
@@ -96,7 +96,7 @@ def fused_linear_grpo_loss(
     m = mask.to(dt)
     up = lambda x: None if x is None else x.to(dt)  # noqa: E731
     out = policy_loss(logp, up(old_logp), advantages.to(dt), m, settings, totals=totals,
-                      ref_logp=up(ref_logp), rollout_logp=up(rollout_logp), entropy=ent)
+                      ref_logp=up(ref_logp), rollout_logp=up(rollout_logp))
     stats = dict(out.stats)
     stats["entropy"] = float((ent * m).sum() / m.sum().clamp(min=1))
     return FusedLossOutput(out.loss, logp, ent, stats)
@@ -112,5 +112,22 @@ def grouped_advantages(rewards, group, scale="group", eps=1e-4, impl="auto"):
     return _ga(rewards, group, scale=scale, eps=eps, impl=resolve_impl(impl, rewards.device))
 
 
-__all__ = ["HAS_TRITON", "FusedLossOutput", "fused_linear_grpo_loss", "grouped_advantages", "linear_logprobs",
-           "resolve_impl"]
+def _kernel_estimator(scale: str | None):
+    """An advantage estimator (AdvantageInputs -> AdvantageOutput) computed by the grouped kernel on the
+    device the run trains on; `scale` None = the run's `algo.scale` (grpo), "none" = dr_grpo."""
+    from tinyrl.algo.advantages import AdvantageOutput
+
+    def estimate(x, device="cuda"):
+        adv, st = grouped_advantages(x.rewards.to(device), x.group.to(device), scale=scale or x.scale, eps=x.eps,
+                                     impl="auto")
+        return AdvantageOutput(adv.to(x.rewards.device), st["zero_std_frac"], st["group_std_mean"])
+
+    return estimate
+
+
+# estimator name -> the kernel twin of tinyrl.algo.advantages.ESTIMATORS[name] (same numbers); the trainer
+# uses these when the fused loss runs on Triton (CUDA), the torch estimators everywhere else
+KERNEL_ESTIMATORS = {"grpo": _kernel_estimator(None), "dr_grpo": _kernel_estimator("none")}
+
+__all__ = ["HAS_TRITON", "KERNEL_ESTIMATORS", "FusedLossOutput", "fused_linear_grpo_loss", "grouped_advantages",
+           "linear_logprobs", "resolve_impl"]

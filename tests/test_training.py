@@ -123,13 +123,17 @@ def test_a_raising_reward_does_not_stop_the_run(tiny_model_dir, run_root):
     assert (run.path / "adapter" / "adapter_model.safetensors").exists()
 
 
-def infinite_reward(prompts, completions, **kw):
-    return [float("inf")] + [0.0] * (len(completions) - 1)
-
-
 def test_non_finite_step_is_skipped_and_reported(tiny_model_dir, run_root):
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
-        "reward.functions": [f"{__name__}:infinite_reward"], "train.eval_before_after": False}))
+        "reward.functions": [f"{__name__}:reward_by_length"], "train.eval_before_after": False}))
+    advantages = t.advantages
+
+    def infinite_advantage(batch):  # an inf reward is now a reward failure (excluded), so inject the inf here
+        stats = advantages(batch)
+        batch.advantages[0] = float("inf")
+        return stats
+
+    t.advantages = infinite_advantage
     lora0, _ = lora_and_base(t.model)
     metrics, _ = t.train_step()
     lora1, _ = lora_and_base(t.model)
@@ -153,18 +157,18 @@ def test_a_batch_without_signal_does_not_move_the_weights(tiny_model_dir, run_ro
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
         "reward.functions": [f"{__name__}:reward_by_length"], "train.eval_before_after": False}))
     first, _ = t.train_step()  # a real step: the optimiser now has momentum
-    assert not first["skipped_no_signal"] and first["policy_kl"] > 0
+    assert not first["skipped_no_signal"] and first["update_kl"] > 0
     t.rewards = RewardSet([RewardSpec(f"{__name__}:constant_reward")])
     lora0, _ = lora_and_base(t.model)
     metrics, _ = t.train_step()
     lora1, _ = lora_and_base(t.model)
     assert metrics["skipped_no_signal"] and metrics["zero_std_frac"] == 1.0 and metrics["grad_norm"] == 0.0
     assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)
-    assert metrics["policy_kl"] == 0.0 and t.no_signal_steps == 1 and t.step == 2
+    assert "update_kl" not in metrics and t.no_signal_steps == 1 and t.step == 2  # no update: nothing measured
 
 
-def test_policy_kl_is_measured_after_the_update(tiny_model_dir, run_root):
-    """With one pass per batch the loss sees ratio 1 everywhere; policy KL old->new and the
+def test_update_kl_is_measured_after_the_update(tiny_model_dir, run_root):
+    """With one pass per batch the loss sees ratio 1 everywhere; the KL old->new and the
     update clip fraction come from re-scoring the batch after the step, so they measure the step."""
     def step(lr):
         t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
@@ -173,14 +177,14 @@ def test_policy_kl_is_measured_after_the_update(tiny_model_dir, run_root):
         return t.train_step()[0]
 
     still, small_step, big_step = step(1e-12), step(1e-3), step(1e-1)
-    assert still["policy_kl"] == pytest.approx(0.0, abs=1e-9) and still["update_clip_frac"] == 0.0
-    assert still["clip_frac"] == 0.0  # the loss-time fraction: 0 by construction with one pass
-    assert 0 < small_step["policy_kl"] < big_step["policy_kl"]
+    assert still["update_kl"] == pytest.approx(0.0, abs=1e-9) and still["update_clip_frac"] == 0.0
+    assert still["clip_frac"] == 0.0 and "pass_kl" not in still  # one pass: the loss sees no old policy
+    assert 0 < small_step["update_kl"] < big_step["update_kl"]
     assert big_step["update_clip_frac"] > 0 and big_step["logp_pos_delta"] > 0
 
 
 def test_run_folder_contents(tiny_model_dir, run_root):
-    run = train(**small(tiny_model_dir, run_root))
+    run = train(**small(tiny_model_dir, run_root, **{"reward.functions": ["task", f"{__name__}:reward_by_length"]}))
     files = {p.name for p in run.path.iterdir()}
     assert {"config.yaml", "metrics.jsonl", "samples.jsonl", "adapter", "checkpoints", "summary.json"} <= files
     lines = (run.path / "metrics.jsonl").read_text().splitlines()

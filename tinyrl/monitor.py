@@ -244,7 +244,7 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
         if new > c.kl_accel_factor * max(old, c.kl_floor / c.window):
             return Finding(f"KL to the reference {kl[-1]:.3g} is accelerating: slope {new:.3g}/step over the last "
                            f"{c.window} steps vs {old:.3g}/step before (> {c.kl_accel_factor:g}x)", action)
-    checks = (("policy_kl", c.policy_kl_factor, c.policy_kl_floor), ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
+    checks = (("update_kl", c.policy_kl_factor, c.policy_kl_floor), ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
     for key, factor, floor in checks:
         hit = _spike(h, key, factor, floor, c)
         if hit:
@@ -355,10 +355,10 @@ def _dynamic_sampling(trainer) -> str:
 
 
 def _raise_epsilon_high(trainer) -> str:
-    old, new = trainer.loss_settings.epsilon_high, trainer.monitor.cfg.auto_epsilon_high
+    old, new = trainer.cfg.algo.epsilon_high, trainer.monitor.cfg.auto_epsilon_high
     if old >= new:
         return f"epsilon_high is already {old:g} (>= monitor.auto_epsilon_high); nothing changed"
-    trainer.loss_settings.epsilon_high = trainer.cfg.algo.epsilon_high = new
+    trainer.cfg.algo.epsilon_high = new  # the loss reads cfg.algo: one source of truth
     return f"raised epsilon_high {old:g} -> {new:g} (clip-higher)"
 
 
@@ -370,14 +370,16 @@ def _rollback(trainer) -> str:
         return "no checkpoint to roll back to (set train.save_every); nothing changed"
     if mon.rollbacks >= mon.cfg.max_rollbacks:
         return f"rolled back {mon.rollbacks} times already (monitor.max_rollbacks); nothing changed"
-    import torch
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
-    from tinyrl.checkpoint import STATE_FILE
+    from tinyrl import checkpoint
 
-    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
-    trainer.optimizer.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"])
+    try:
+        data = checkpoint.read(ckpt)
+    except checkpoint.CorruptCheckpoint as e:
+        return f"the last checkpoint does not load ({e}); nothing changed"
+    set_peft_model_state_dict(trainer.model, data.weights)
+    trainer.optimizer.load_state_dict(data.state["optimizer"])
     trainer.engine.sync(trainer.model)  # the engine must sample from the restored weights
     mon.rollbacks += 1
     return f"rolled back adapter weights and optimizer to {ckpt.name} (rollback {mon.rollbacks}/{mon.cfg.max_rollbacks})"

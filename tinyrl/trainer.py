@@ -1,13 +1,21 @@
 """The GRPO trainer: one loop, its phases in order (see ARCHITECTURE.md).
 
-    1. engine.generate(prompts, n=G)        -> Rollouts (ids, masks, sampling logprobs)
-    2. rewards(Rollouts)                    -> per-component and total rewards
-    3. advantages(Rollouts, estimator)      -> advantages (+ dynamic-sampling filter)
-    4. engine.release()                     (vLLM: free the KV cache; weights stay)
-    5. num_iterations x micro-batches: fused linear loss, backward
-    6. optimizer step (skipped when the loss or gradient is not finite)
-    7. engine.sync(model)                   (LoRA adapter only)
-    8. monitor.update(...) and log
+    per step (`train_step`):
+    1. generate        engine.generate(prompts, n=G) -> Rollouts (ids, masks, sampling logprobs)
+    2. reward          the run's reward functions -> per-component and total rewards
+    3. shape           DAPO overlong penalty; dynamic sampling keeps informative groups, samples again
+    4. release         engine.release() (vLLM: free the KV cache; weights stay)
+    5. reference       adapter-off logprobs, once, when beta > 0 (before the advantages: REINFORCE++
+                       folds the KL into its token rewards)
+    6. advantages      the estimator (grpo, rloo, ...) on the rewards
+    7. select tokens   mask_truncated; top-entropy token selection over the whole batch
+    8. update          num_iterations x (micro-batched fused loss, backward, optimizer step)
+    9. measure         re-score the batch: how far the update moved the policy (update_kl, LLD)
+    10. sync           engine.sync(model) (the LoRA adapter only)
+    then, in the loop (`train`): monitor -> log -> checkpoint.
+
+The trainer does not know whether a batch is single- or multi-turn: an agent engine returns the
+same `Rollouts`, with tool observations marked in `observation_mask`.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import logging
 import math
 import re
 import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,20 +32,21 @@ from pathlib import Path
 
 import torch
 
-from tinyrl import checkpoint
+from tinyrl import checkpoint, kernels
 from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
-from tinyrl.algo.losses import LossSettings, kl_penalty
+from tinyrl.algo.losses import kl_penalty, top_entropy_mask
 from tinyrl.config import RunConfig
 from tinyrl.data import PromptSource, load_rows, render_prompt
-from tinyrl.evaluate import accuracy
+from tinyrl.evaluation import accuracy
+from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.model import load_policy
 from tinyrl.monitor import Monitor, apply_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
 from tinyrl.rollout import make_engine
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import RunDir
-from tinyrl.update import policy_update, score_logprobs
+from tinyrl.update import UpdateResult, policy_update, score
 
 log = logging.getLogger("tinyrl")
 
@@ -71,10 +81,9 @@ class Trainer:
         for r in train_rows + self.eval_rows:
             r["rendered"] = render_prompt(self.tokenizer, r["prompt"], cfg.data)
         self.prompts = PromptSource(train_rows, cfg.data.seed)
-        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine)
+        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, stop)
-        self.loss_settings = LossSettings.from_config(cfg.algo)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -84,7 +93,12 @@ class Trainer:
         self.skipped_steps = 0
         self.no_signal_steps = 0
         self.eval_before: float | None = None
-        self._stop_signal = False
+        self._stop_requested = False
+        self._in_step = False
+        self.micro_batch = cfg.train.micro_batch_size  # halved on an out-of-memory error (update phase)
+        self.rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
+        self.oom_retries = 0
+        log.info("algo: %s", {k: v for k, v in vars(cfg.algo).items() if v is not None})
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
             log.warning("algo.llds_lambda > 0 acts only when the policy moves within a rollout batch: "
                         "set algo.num_iterations >= 2, otherwise LLDS adds nothing")
@@ -93,69 +107,166 @@ class Trainer:
 
     def train(self) -> Run:
         cfg = self.cfg
-        if self.step == 0 and cfg.train.eval_before_after and self.task and self.eval_rows:
-            self.eval_before = self.evaluate()
-            log.info("held-out accuracy before training: %.3f", self.eval_before)
-        metrics_out = self.run.writer("metrics.jsonl")
-        samples_out = self.run.writer("samples.jsonl")
-        alarms_out = self.run.writer("alarms.jsonl")
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        bar = _progress(cfg, self.step)
-        interrupted = False
+        outs = {name: self.run.writer(f"{name}.jsonl") for name in ("metrics", "samples", "alarms")}
+        restore = self._install_stop_handlers()
+        bar = None
         try:
-            while self.step < cfg.train.steps:
+            if self.step == 0 and self._can_evaluate():
+                log.info("held-out evaluation before training (%d prompts)", len(self.eval_rows))
+                self.eval_before = self.evaluate()
+                log.info("held-out accuracy before training: %.3f", self.eval_before)
+            bar = _progress(cfg, self.step)
+            while self.step < cfg.train.steps and not self._stop_requested:
+                self._in_step = True
                 metrics, samples = self.train_step()
-                metrics_out.write(metrics)
-                for s in samples:
-                    samples_out.write(s)
-                for alarm in self.monitor.update(self.step, metrics):
-                    log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
-                    if not alarm.fatal:
-                        apply_action(self, alarm)  # optional automatic fixes (off by default)
-                    alarms_out.write(alarm.__dict__)  # with what the auto-action did, if one ran
-                    if alarm.fatal:
-                        raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", loss=f"{metrics['loss']:.3g}")
+                self._in_step = False
+                alarms = self.watch(metrics)
+                self.log(outs, metrics, samples, alarms, bar)
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
                     self.save_checkpoint()
-                if self._stop_signal:
-                    raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            interrupted = True
+            if self._stop_requested:
+                raise KeyboardInterrupt
             self.save_checkpoint()
-            log.warning("interrupted at step %d: checkpoint saved; continue with `tinyrl train --resume %s`",
-                        self.step, self.run.path)
+            adapter = self.run.path / "adapter"
+            self.model.save_pretrained(adapter)
+            after = self.evaluate() if self._can_evaluate() else None
+        except KeyboardInterrupt:
+            if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
+                self.save_checkpoint()
+                log.warning("interrupted at step %d: checkpoint saved; continue with `tinyrl train --resume %s`",
+                            self.step, self.run.path)
+            else:  # a second Ctrl-C inside a step: the step's state is half-applied, keep the last checkpoint
+                log.warning("aborted inside step %d: continue from the last checkpoint with `tinyrl train "
+                            "--resume %s`", self.step + 1, self.run.path)
+            return Run(self.run.path, self.run.metrics(), self.eval_before, interrupted=True, alarms=self.monitor.fired)
         finally:
-            signal.signal(signal.SIGTERM, previous)
-            for w in (metrics_out, samples_out, alarms_out):
+            restore()
+            for w in outs.values():
                 w.close()
             if bar is not None:
                 bar.close()
-        if interrupted:
-            return Run(self.run.path, self.run.metrics(), self.eval_before, interrupted=True,
-                       alarms=self.monitor.fired)
-        self.save_checkpoint()
-        adapter = self.run.path / "adapter"
-        self.model.save_pretrained(adapter)
-        after = self.evaluate() if cfg.train.eval_before_after and self.task and self.eval_rows else None
         return Run(self.run.path, self.run.metrics(), self.eval_before, after, adapter, self.monitor.fired)
 
     def train_step(self) -> tuple[dict, list[dict]]:
         cfg, t0 = self.cfg, time.perf_counter()
-        batch, roll_stats = self.rollout()  # 1-3: generate, reward, advantages (+ dynamic sampling)
+        batch, gen_stats = self.collect_batch()  # 1-3: generate, reward, shape (+ dynamic sampling rounds)
         t_gen = time.perf_counter() - t0
         self.engine.release()  # 4
-        if cfg.algo.beta > 0:
-            batch.ref_logprobs = score_logprobs(self.model, batch, cfg.rollout.temperature, cfg.train.micro_batch_size,
-                                                cfg.algo.chunk_size, cfg.algo.loss_impl, reference=True)
+        self.reference(batch)  # 5
+        adv_stats = self.advantages(batch)  # 6
+        self.select_tokens(batch)  # 7
+        first, last = self.update(batch)  # 8
+        moved = self.measure_update(batch, first) if cfg.log.track_likelihood else {}  # 9
+        self.engine.sync(self.model)  # 10
+        self.step += 1
+        metrics = step_metrics(self, batch, first, last, {**gen_stats, **adv_stats, **moved},
+                               time.perf_counter() - t0, t_gen)
+        return metrics, samples_of(batch, self.step, cfg.log.samples_per_step)
+
+    # ------------------------------------------------------------------ phases
+
+    def collect_batch(self) -> tuple[Rollouts, dict]:
+        """B groups: generate, reward, shape; with dynamic sampling, keep only groups whose rewards
+        differ and sample again until there are B or the round cap is reached."""
+        cfg = self.cfg
+        B, G = cfg.train.prompts_per_step, cfg.rollout.num_generations
+        kept: list[Rollouts] = []
+        n_kept = dropped = rounds = 0
+        failures: dict[str, int] = {}
+        while True:
+            rows = self.prompts.next_batch(B - n_kept)
+            batch = self.generate(rows, G)  # 1
+            for k, v in self.reward(batch).items():  # 2
+                failures[k] = failures.get(k, 0) + v
+            self.shape(batch)  # 3
+            last_full, rounds = batch, rounds + 1
+            if cfg.algo.dynamic_sampling:
+                batch, n_dropped = self.keep_informative(batch)
+                dropped += n_dropped
+            if batch.num_rows:
+                kept.append(batch)
+                n_kept += int(batch.group.max()) + 1
+            if not cfg.algo.dynamic_sampling or n_kept >= B or rounds > cfg.algo.max_sampling_rounds:
+                break
+        # No informative group at all within the cap: train on the last batch (all advantages 0).
+        batch = Rollouts.concat(kept) if kept else last_full
+        return batch, {"dynamic_dropped_groups": dropped, "sampling_rounds": rounds,
+                       "reward_failures": sum(failures.values()),
+                       **{f"reward_failures/{k}": v for k, v in failures.items()}}
+
+    def generate(self, rows: list[dict], n: int) -> Rollouts:
+        """n samples of each row's prompt. On an out-of-memory error the prompts go to the engine in
+        halves (whole groups each; the cap stays for the run) and are sampled again."""
+        while True:
+            k = self.rollout_prompts or len(rows)
+            try:
+                parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=self.sampling,
+                                              columns=rows[i:i + k]) for i in range(0, len(rows), k)]
+                return Rollouts.concat(parts)
+            except torch.OutOfMemoryError:
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if k == 1:
+                    raise
+                self.rollout_prompts = (k + 1) // 2
+                self.oom_retries += 1
+                log.warning("out of memory in the rollout: %d prompts (x %d samples) per engine call from now on; "
+                            "sampling again", self.rollout_prompts, n)
+
+    def reward(self, batch: Rollouts) -> dict[str, int]:
+        """Fill the batch's rewards; returns failed samples per reward component."""
+        _, report = score_rollouts(batch, self.rewards)
+        return report.failures
+
+    def shape(self, batch: Rollouts) -> None:
+        """DAPO's soft overlong punishment, on the tokens the policy sampled."""
+        a = self.cfg.algo
+        if a.overlong_buffer > 0:
+            pen = shaping.overlong_penalty(batch.completion_lengths, self.sampling.max_new_tokens,
+                                           a.overlong_buffer, a.overlong_penalty)
+            batch.reward_components["overlong"] = pen
+            batch.rewards = batch.rewards + pen
+
+    def keep_informative(self, batch: Rollouts) -> tuple[Rollouts, int]:
+        """DAPO dynamic sampling: the batch without its groups of identical rewards, and how many went."""
+        informative = shaping.informative_groups(batch.rewards, batch.group)
+        if informative.all():
+            return batch, 0
+        return batch.select(torch.nonzero(informative[batch.group]).squeeze(-1)), int((~informative).sum())
+
+    def reference(self, batch: Rollouts) -> None:
+        """The reference policy's logprobs (adapter disabled), once per step, when beta > 0."""
+        if self.cfg.algo.beta > 0:
+            batch.ref_logprobs = self._score(batch, reference=True).logprobs
+
+    def advantages(self, batch: Rollouts) -> dict:
+        a = self.cfg.algo
+        kl = None
+        if a.kl_in_reward and a.beta > 0:  # REINFORCE++: the KL is charged in the token rewards, not the loss
+            kl = kl_penalty(batch.sampling_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.action_mask
+        out = self._estimator()(AdvantageInputs(batch.rewards, batch.group, a.scale, a.std_eps, batch.action_mask,
+                                                kl, a.beta))
+        batch.advantages = out.advantages
+        return {"zero_std_frac": out.zero_std_frac, "reward_group_std": out.group_std_mean}
+
+    def select_tokens(self, batch: Rollouts) -> None:
+        """The loss mask: without truncated completions (mask_truncated), and only the top-q tokens by
+        entropy over the whole batch (top_entropy_quantile; entropies of the policy before the update).
+        The loss divides by the tokens kept (token_mean), so the update's scale does not shrink by q."""
+        a = self.cfg.algo
+        if a.mask_truncated:
+            batch.loss_mask = batch.loss_mask * (~batch.truncated)[:, None]
+        if a.top_entropy_quantile is not None:
+            ent = self._score(batch).entropy
+            batch.loss_mask = top_entropy_mask(ent, batch.loss_mask, a.top_entropy_quantile).to(batch.loss_mask.dtype)
+
+    def update(self, batch: Rollouts) -> tuple[UpdateResult, UpdateResult]:
+        """num_iterations optimiser steps over the batch; returns the first pass (the sampling policy's
+        logprobs and entropies) and the last (its loss stats)."""
+        cfg = self.cfg
         first = last = None
-        for it in range(cfg.algo.num_iterations):  # 5-6
-            last = policy_update(
-                self.model, self.optimizer, batch, self.loss_settings, temperature=cfg.rollout.temperature,
-                micro_batch=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
-                chunk_size=cfg.algo.chunk_size, impl=cfg.algo.loss_impl, use_tis=cfg.algo.tis != "none")
+        for it in range(cfg.algo.num_iterations):
+            last = self._policy_update_oom_safe(batch, score_rest=it == 0)
             with warnings.catch_warnings():  # a step taken without an optimiser step still advances the schedule
                 warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"), UserWarning)
                 self.scheduler.step()
@@ -164,87 +275,27 @@ class Trainer:
                 batch.old_logprobs = last.logprobs  # fixed for the later passes over this batch
             self.skipped_steps += last.skipped
             self.no_signal_steps += last.no_signal
-        moved = self._update_effect(batch, first) if cfg.log.track_likelihood else {}
-        self.engine.sync(self.model)  # 7
-        self.step += 1
-        dt = time.perf_counter() - t0
-        metrics = self._metrics(batch, first, last, {**roll_stats, **moved}, dt, t_gen)
-        return metrics, self._samples(batch)
+        return first, last
 
-    # ------------------------------------------------------------------ phases
-
-    def rollout(self) -> tuple[Rollouts, dict]:
-        """Generate B groups, score them, compute advantages; with dynamic sampling, keep only
-        groups whose rewards differ and sample again until B groups or the round cap."""
-        cfg = self.cfg
-        B, G = cfg.train.prompts_per_step, cfg.rollout.num_generations
-        kept: list[Rollouts] = []
-        n_kept = dropped = rounds = 0
-        failures: dict[str, int] = {}
-        while n_kept < B:
-            rows = self.prompts.next_batch(B - n_kept if kept else B)
-            batch = self.engine.generate([r["rendered"] for r in rows], n=G, params=self.sampling, columns=rows)
-            batch, report = score_rollouts(batch, self.rewards)
-            last_full = batch
-            for k, v in report.failures.items():
-                failures[k] = failures.get(k, 0) + v
-            if cfg.algo.overlong_buffer > 0:
-                pen = shaping.overlong_penalty(batch.completion_lengths, self.sampling.max_new_tokens,
-                                               cfg.algo.overlong_buffer, cfg.algo.overlong_penalty)
-                batch.reward_components["overlong"] = pen
-                batch.rewards = batch.rewards + pen
-            if cfg.algo.dynamic_sampling:
-                informative = shaping.informative_groups(batch.rewards, batch.group)
-                dropped += int((~informative).sum())
-                if not informative.all():
-                    batch = batch.select(torch.nonzero(informative[batch.group]).squeeze(-1))
-            kept.append(batch)
-            n_kept += int(batch.group.max()) + 1 if batch.num_rows else 0
-            rounds += 1
-            if not cfg.algo.dynamic_sampling or rounds > cfg.algo.max_sampling_rounds:
-                break
-        kept = [b for b in kept if b.num_rows]
-        # No informative group at all within the cap: train on the last batch (all advantages 0).
-        batch = Rollouts.concat(kept) if kept else last_full
-        if cfg.algo.mask_truncated:
-            batch.loss_mask = batch.loss_mask * (~batch.truncated)[:, None]
-        adv_stats = self.advantages(batch)
-        return batch, {"dynamic_dropped_groups": dropped, "sampling_rounds": rounds,
-                       "reward_failures": sum(failures.values()), **adv_stats,
-                       **{f"reward_failures/{k}": v for k, v in failures.items()}}
-
-    def advantages(self, batch: Rollouts) -> dict:
-        cfg = self.cfg.algo
-        kl = None
-        if cfg.estimator == "reinforce_pp" and cfg.beta > 0:  # k1 KL folded into token rewards
-            ref = score_logprobs(self.model, batch, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
-                                 cfg.chunk_size, cfg.loss_impl, reference=True)
-            kl = kl_penalty(batch.sampling_logprobs, ref, "k1") * batch.completion_mask
-        out = ESTIMATORS[cfg.estimator](AdvantageInputs(
-            batch.rewards, batch.group, cfg.scale, cfg.std_eps, batch.completion_mask, kl, cfg.beta))
-        batch.advantages = out.advantages
-        return {"zero_std_frac": out.zero_std_frac, "reward_group_std": out.group_std_mean}
-
-    def evaluate(self) -> float:
-        return accuracy(self.engine, self.eval_rows, self.task, self.sampling)
-
-    def _update_effect(self, batch: Rollouts, first) -> dict:
-        """Re-score the batch after the update: how far did the policy move (KL old->new, and the
-        tokens whose ratio left the clip range), and did the positive-advantage responses'
-        likelihood rise, as the update meant it to (lazy likelihood displacement when not)?"""
-        if first.no_signal:  # no optimiser step was taken: the weights did not move
-            return {"policy_kl": 0.0, "update_clip_frac": 0.0}
-        m = batch.completion_mask.float()
-        new = score_logprobs(self.model, batch, self.cfg.rollout.temperature, self.cfg.train.micro_batch_size,
-                             self.cfg.algo.chunk_size, self.cfg.algo.loss_impl)
-        old = first.logprobs
+    def measure_update(self, batch: Rollouts, first: UpdateResult) -> dict:
+        """Re-score the rows the update trained on: how far the policy moved (update_kl = KL(old || new),
+        k3 per token; update_clip_frac = tokens whose ratio left the clip range), and whether the
+        positive-advantage responses' likelihood rose, as the update meant it to (lazy likelihood
+        displacement when not). Nothing when no optimiser step was taken: nothing moved."""
+        if first.no_signal or first.skipped:
+            return {}
+        rows = first.rows
+        m = batch.loss_mask[rows].float()
+        new = self._score(batch, rows=rows).logprobs[rows]
+        old = first.logprobs[rows]
         log_r = (new - old) * m
         n = m.sum().clamp(min=1)
-        adv = batch.advantages if batch.advantages.dim() == 1 else (batch.advantages * m).sum(-1) / m.sum(-1).clamp(min=1)
+        adv_all = batch.advantages[rows]
+        adv = adv_all if adv_all.dim() == 1 else (adv_all * m).sum(-1) / m.sum(-1).clamp(min=1)
         ratio, a = torch.exp(log_r), adv[:, None]
-        s = self.loss_settings
+        s = self.cfg.algo
         out_of_range = ((ratio > 1 + s.epsilon_high) & (a > 0)) | ((ratio < 1 - s.epsilon_low) & (a < 0))
-        out = {"policy_kl": float(((torch.exp(-log_r) + log_r - 1) * m).sum() / n),  # k3 of KL(old || new)
+        out = {"update_kl": float((kl_penalty(old, new) * m).sum() / n),
                "update_clip_frac": float((out_of_range * m).sum() / n)}
         pos = adv > 0
         if pos.any():
@@ -255,52 +306,92 @@ class Trainer:
                         "frac_pos_delta_nonpos": float((delta <= 0).float().mean())})
         return out
 
-    # ------------------------------------------------------------------ logging
+    def _policy_update_oom_safe(self, batch: Rollouts, score_rest: bool) -> UpdateResult:
+        """policy_update; on an out-of-memory error, halve the micro-batch and redo the step from the same
+        batch. Nothing was stepped yet (the optimiser steps after the last backward) and the loss is
+        normalised by the whole batch's totals, so the gradient is the one a smaller micro-batch gives
+        from the start (to fp32 rounding); groups are never split across optimiser steps. The smaller
+        micro-batch stays for the rest of the run (`micro_batch_now` in metrics.jsonl)."""
+        cfg = self.cfg
+        while True:
+            try:
+                return policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
+                                     micro_batch=self.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
+                                     max_len=cfg.rollout.max_new_tokens, score_rest=score_rest)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if self.micro_batch == 1:
+                    raise
+                self.micro_batch //= 2
+                self.oom_retries += 1
+                log.warning("out of memory in the update: micro-batch halved to %d; redoing the step from the "
+                            "same batch", self.micro_batch)
 
-    def _metrics(self, batch: Rollouts, res, last, roll_stats: dict, dt: float, t_gen: float) -> dict:
-        """`res` is the first pass over the batch (entropy and logprobs of the sampling policy),
-        `last` the last (its loss stats: clip fractions are 0 by construction with one pass)."""
-        m = batch.completion_mask.float()
-        n_tok = float(m.sum())
-        valid = ~torch.isnan(batch.rewards)
-        ent = res.entropy[m.bool()]
-        d = (batch.sampling_logprobs - res.logprobs) * m  # rollout - trainer, sampled tokens
-        out = {
-            "step": self.step,
-            "reward_mean": float(batch.rewards[valid].mean()) if valid.any() else float("nan"),
-            "reward_std": float(batch.rewards[valid].std()) if valid.sum() > 1 else 0.0,
-            **{f"reward/{k}": float(torch.nanmean(v)) for k, v in batch.reward_components.items()},
-            "loss": last.stats.get("loss", float("nan")),
-            **{k: v for k, v in last.stats.items() if k != "loss"},
-            "entropy": res.stats.get("entropy", float("nan")),
-            "entropy_p10": float(torch.quantile(ent, 0.1)) if ent.numel() else 0.0,
-            "entropy_p90": float(torch.quantile(ent, 0.9)) if ent.numel() else 0.0,
-            "grad_norm": res.grad_norm,
-            "skipped_nonfinite": bool(res.skipped),
-            "skipped_steps_total": self.skipped_steps,
-            "skipped_no_signal": bool(last.no_signal),
-            "completion_len": float(batch.completion_lengths.float().mean()),
-            "truncated_frac": float(batch.truncated.float().mean()),
-            "rollout_trainer_k3": float(((torch.exp(d) - d - 1) * m).sum() / max(n_tok, 1)),
-            "rollout_trainer_maxdiff": float(d.abs().max()) if n_tok else 0.0,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "step_time": dt,
-            "gen_time": t_gen,
-            "tokens_per_s": n_tok / dt if dt > 0 else 0.0,
-            **roll_stats,
-        }
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+    # ------------------------------------------------------------------ monitor, log, evaluation
 
-    def _samples(self, batch: Rollouts) -> list[dict]:
-        k = min(self.cfg.log.samples_per_step, batch.num_rows)
-        return [{"step": self.step, "prompt": batch.prompts[i], "completion": batch.completions[i],
-                 "reward": None if math.isnan(float(batch.rewards[i])) else float(batch.rewards[i]),
-                 **{f"reward/{n}": float(v[i]) for n, v in batch.reward_components.items()}} for i in range(k)]
+    def watch(self, metrics: dict) -> list:
+        """Run the monitor's rules; apply enabled auto-actions; a fatal alarm stops the run."""
+        alarms = self.monitor.update(self.step, metrics)
+        for alarm in alarms:
+            log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
+            if not alarm.fatal:
+                apply_action(self, alarm)  # optional automatic fixes (off by default)
+        return alarms
+
+    def log(self, outs: dict, metrics: dict, samples: list[dict], alarms: list, bar) -> None:
+        outs["metrics"].write(metrics)
+        for s in samples:
+            outs["samples"].write(s)
+        for alarm in alarms:
+            outs["alarms"].write(alarm.__dict__)  # with what the auto-action did, if one ran
+        for alarm in alarms:
+            if alarm.fatal:
+                raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
+        if bar is not None:
+            bar.update(1)
+            r = metrics["reward_mean"]
+            bar.set_postfix(reward="n/a" if r is None else f"{r:.3f}", loss=f"{metrics['loss']:.3g}")
+
+    def evaluate(self) -> float:
+        return accuracy(self.engine, self.eval_rows, self.task, self.sampling)
+
+    def _can_evaluate(self) -> bool:
+        return bool(self.cfg.train.eval_before_after and self.task and self.eval_rows)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _estimator(self):
+        """The advantage estimator: its Triton kernel twin where the loss runs on Triton, else the torch one."""
+        name = self.cfg.algo.estimator
+        if kernels.resolve_impl(self.cfg.algo.loss_impl, self.device) == "triton" and name in kernels.KERNEL_ESTIMATORS:
+            return lambda x: kernels.KERNEL_ESTIMATORS[name](x, self.device)
+        return ESTIMATORS[name]
+
+    def _score(self, batch: Rollouts, reference: bool = False, rows=None):
+        """No-grad trainer logprobs and entropies of the batch's sampled tokens (see tinyrl.update.score)."""
+        c = self.cfg
+        return score(self.model, batch, c.rollout.temperature, c.train.micro_batch_size, c.algo.chunk_size,
+                     c.algo.loss_impl, reference=reference, rows=rows)
+
+    def _install_stop_handlers(self):
+        """Ctrl-C / SIGTERM: inside a step, finish it first (a second Ctrl-C aborts); in an evaluation or
+        between steps, stop at once. Either way the run checkpoints and can be resumed."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum, frame):
+            if self._in_step and not self._stop_requested:
+                self._stop_requested = True
+                log.warning("stopping after this step (signal %d); Ctrl-C again to abort the step", signum)
+                return
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
     # ------------------------------------------------------------------ checkpoints
-
-    def _on_sigterm(self, signum, frame):
-        self._stop_signal = True
 
     def save_checkpoint(self) -> Path:
         return checkpoint.save(self)

@@ -4,113 +4,178 @@ The model's decoder stack gives hidden states; the lm_head is applied inside the
 loss (tinyrl.kernels), so the [rows, T, V] logits never exist. Micro-batch losses are
 normalised by the whole batch's totals, so accumulated gradients equal the full-batch
 gradient.
+
+Two ways of doing less work that leave the gradient the same (to fp32 rounding):
+
+- rows that cannot matter get no backward. With no KL loss term and no LLDS term, a row whose
+  advantages are all 0 has zero gradient: it is left out of the forward and backward, while its
+  tokens stay in the normaliser (`BatchTotals` is taken over the whole batch's loss mask). Only
+  what a metric needs of it is computed: on the first pass over a batch, a no-grad forward gives
+  its entropies and logprobs (the entropy curve and the stale-weights canary cover every row).
+- micro-batches are length-bucketed: rows are sorted by length and each micro-batch is cut
+  to its own longest prompt and completion, so a batch of mostly short completions does not
+  pay for its longest one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
 from tinyrl import kernels
-from tinyrl.algo.losses import BatchTotals, LossSettings
+from tinyrl.algo.losses import BatchTotals
 from tinyrl.model import output_projection, reference_context, trunk_of
 from tinyrl.rollout.base import Rollouts
 
 
 @dataclass
 class UpdateResult:
-    stats: dict  # token-weighted loss stats over the batch
+    stats: dict  # token-weighted loss stats over the computed rows; "entropy" absent when none was computed
     grad_norm: float  # before clipping
     skipped: bool  # non-finite loss or gradient: optimiser step not taken
-    no_signal: bool  # nothing to learn (all advantages 0, no KL term): optimiser step not taken
-    logprobs: torch.Tensor  # [N, T] trainer logprobs seen in this pass (detached)
-    entropy: torch.Tensor  # [N, T]
+    no_signal: bool  # nothing to learn (all advantages 0, no KL or LLDS term): optimiser step not taken
+    logprobs: torch.Tensor  # [N, T] trainer logprobs of the loss tokens (0 elsewhere; with score_rest=False
+    entropy: torch.Tensor  # [N, T]  also 0 on the rows not trained)  the same tokens' entropies
+    rows: torch.Tensor  # [n] long: the rows this pass trained on (forward + backward)
+    num_rows: int  # N, the batch's rows
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+@dataclass
+class MicroBatch:
+    rows: torch.Tensor  # [n] long, batch rows in this micro-batch
+    prompt_start: int  # first prompt column any of its rows uses (left padding before it is cut)
+    completion_end: int  # completion columns it needs (right padding after it is cut)
 
 
-def completion_hidden(model, batch: Rollouts, rows: slice) -> torch.Tensor:
-    """Final hidden states at the positions that predict each completion token: [rows, T, H]."""
-    device = next(model.parameters()).device
-    ids = torch.cat([batch.prompt_ids[rows], batch.completion_ids[rows]], 1).to(device)
-    attn = torch.cat([batch.prompt_mask[rows], batch.completion_mask[rows]], 1).to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    hidden = trunk_of(model)(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
-    return hidden[:, P - 1: P + T - 1]
+def micro_batches(batch: Rollouts, rows: torch.Tensor, size: int) -> list[MicroBatch]:
+    """`rows` in micro-batches of `size`, longest first, each cut to its own widths.
 
-
-@torch.no_grad()
-def score_logprobs(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_size: int,
-                   impl: str, reference: bool = False) -> torch.Tensor:
-    """Trainer logprobs [N, T] of the sampled tokens (reference=True: adapter disabled)."""
-    out = torch.zeros(batch.completion_ids.shape, dtype=torch.float32)
-    with reference_context(model) if reference else _null():
-        weight, bias = output_projection(model)  # inside the context: no adapter for the reference
-        for rows in micro_batches(batch.num_rows, micro_batch):
-            h = completion_hidden(model, batch, rows)
-            logp, _ = kernels.linear_logprobs(h, weight, batch.completion_ids[rows].to(h.device), bias=bias,
-                                              temperature=temperature, chunk_size=chunk_size, impl=impl)
-            out[rows] = logp.float().cpu() * batch.completion_mask[rows]
+    Sorting by total length puts rows of similar length together (length bucketing); the
+    longest go first so the first micro-batch shows the peak memory at once."""
+    if rows.numel() == 0:
+        return []
+    p_len = batch.prompt_mask[rows].sum(-1)
+    c_len = batch.completion_mask[rows].sum(-1)
+    order = torch.argsort(p_len + c_len, descending=True, stable=True)
+    P = batch.prompt_ids.shape[1]
+    out = []
+    for i in range(0, rows.numel(), size):
+        sel = order[i: i + size]
+        out.append(MicroBatch(rows[sel], P - int(p_len[sel].max()), max(int(c_len[sel].max()), 1)))
     return out
 
 
-class _null:
-    def __enter__(self):
-        return self
+def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
+    """Final hidden states at the positions that predict each completion token: [n, T_mb, H]."""
+    device = next(model.parameters()).device
+    r, p0, t1 = mb.rows, mb.prompt_start, mb.completion_end
+    ids = torch.cat([batch.prompt_ids[r, p0:], batch.completion_ids[r, :t1]], 1).to(device)
+    attn = torch.cat([batch.prompt_mask[r, p0:], batch.completion_mask[r, :t1]], 1).to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+    hidden = trunk_of(model)(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    P = ids.shape[1] - t1
+    return hidden[:, P - 1: P + t1 - 1]
 
-    def __exit__(self, *a):
-        return False
+
+@dataclass
+class Scored:
+    logprobs: torch.Tensor  # [N, T] fp32, 0 outside the scored rows' action tokens
+    entropy: torch.Tensor  # [N, T] fp32, the same tokens' entropies
 
 
-def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, temperature: float,
-                  micro_batch: int, max_grad_norm: float, chunk_size: int, impl: str,
-                  use_tis: bool) -> UpdateResult:
+@torch.no_grad()
+def score(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_size: int, impl: str,
+          reference: bool = False, rows: torch.Tensor | None = None) -> Scored:
+    """Trainer logprobs and entropies of the sampled (action) tokens, no activations kept
+    (reference=True: adapter disabled; rows: only these rows, default all)."""
+    N, T = batch.completion_ids.shape
+    logp_out, ent_out = torch.zeros(N, T), torch.zeros(N, T)
+    rows = torch.arange(N) if rows is None else rows
+    action = batch.action_mask
+    with reference_context(model) if reference else contextlib.nullcontext():
+        weight, bias = output_projection(model)  # inside the context: no adapter for the reference
+        for mb in micro_batches(batch, rows, micro_batch):
+            h = completion_hidden(model, batch, mb)
+            t1 = mb.completion_end
+            m = action[mb.rows, :t1]
+            logp, ent = kernels.linear_logprobs(h, weight, batch.completion_ids[mb.rows, :t1].to(h.device), bias=bias,
+                                                temperature=temperature, chunk_size=chunk_size, impl=impl)
+            logp_out[mb.rows, :t1] = logp.float().cpu() * m
+            ent_out[mb.rows, :t1] = ent.float().cpu() * m
+    return Scored(logp_out, ent_out)
+
+
+def score_logprobs(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_size: int,
+                   impl: str, reference: bool = False, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Trainer logprobs [N, T] of the sampled tokens (reference=True: adapter disabled)."""
+    return score(model, batch, temperature, micro_batch, chunk_size, impl, reference, rows).logprobs
+
+
+def has_signal_beyond_advantages(algo) -> bool:
+    """Whether a loss term other than the advantage-weighted ratio puts gradient on every row."""
+    return (algo.beta > 0 and not algo.kl_in_reward) or algo.llds_lambda > 0
+
+
+def rows_to_compute(batch: Rollouts, algo) -> torch.Tensor:
+    """The rows whose gradient can be non-zero: all rows with loss tokens when another term acts on
+    every row, else only those with a non-zero advantage on some loss token."""
+    in_loss = batch.loss_mask.sum(-1) > 0
+    if not has_signal_beyond_advantages(algo):
+        adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None]
+        in_loss &= ((adv != 0) & (batch.loss_mask != 0)).any(-1)
+    return torch.nonzero(in_loss).squeeze(-1)
+
+
+def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float, micro_batch: int,
+                  max_grad_norm: float, max_len: int, score_rest: bool = True) -> UpdateResult:
     """One optimiser step over the whole batch (gradient accumulation over micro-batches).
 
-    A batch with no learning signal (every advantage 0 and no KL or LLDS term: all groups solved
-    or all failed) is scored but not stepped: AdamW would still move the weights on its momentum
-    and weight decay, drifting the policy on a batch that says nothing."""
+    `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`); `max_len`
+    is `rollout.max_new_tokens`, Dr. GRPO's constant normaliser. A batch with no learning signal
+    (every advantage 0 and no KL or LLDS term: all groups solved or all failed) is not stepped:
+    AdamW would still move the weights on its momentum and weight decay, drifting the policy on a
+    batch that says nothing."""
     loss_mask = batch.loss_mask.float()
-    no_signal = (settings.beta == 0 and settings.llds_lambda == 0
-                 and not bool((batch.advantages.reshape(loss_mask.shape[0], -1) != 0).any()))
-    totals = BatchTotals.of(loss_mask, batch.completion_ids.shape[1])
-    if settings.top_entropy_quantile is not None:  # the loss normaliser counts the kept tokens only
-        totals.num_tokens *= settings.top_entropy_quantile
+    totals = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
+    rows = rows_to_compute(batch, algo)
+    no_signal = rows.numel() == 0
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
-    logprobs = torch.zeros(loss_mask.shape)
-    entropy = torch.zeros(loss_mask.shape)
+    N, T = loss_mask.shape
+    logprobs, entropy = torch.zeros(N, T), torch.zeros(N, T)
     acc: dict[str, float] = {}
-    loss_total = 0.0
-    finite = True
-    with torch.set_grad_enabled(not no_signal):
-        for rows in micro_batches(batch.num_rows, micro_batch):
-            h = completion_hidden(model, batch, rows)
-            weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
-            dev = h.device
-            pick = lambda t: None if t is None else t[rows].to(dev)  # noqa: E731
-            out = kernels.fused_linear_grpo_loss(
-                h, weight, batch.completion_ids[rows].to(dev), loss_mask[rows].to(dev), batch.advantages[rows].to(dev),
-                settings, bias=bias, old_logp=pick(batch.old_logprobs), ref_logp=pick(batch.ref_logprobs),
-                rollout_logp=pick(batch.sampling_logprobs) if use_tis else None, totals=totals,
-                temperature=temperature, chunk_size=chunk_size, impl=impl)
-            if not torch.isfinite(out.loss):
-                finite = False
-                break
-            if not no_signal:
-                out.loss.backward()
-            loss_total += float(out.loss.detach())
-            logprobs[rows] = out.logprobs.detach().float().cpu()
-            entropy[rows] = out.entropy.float().cpu()
-            w = out.stats.get("tokens", 0.0)
-            for k, v in out.stats.items():
-                acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
-    if no_signal and finite:
+    loss_total, finite = 0.0, True
+    pick = lambda t, mb, dev: None if t is None else t[mb.rows, :mb.completion_end].to(dev)  # noqa: E731
+    for mb in micro_batches(batch, rows, micro_batch):
+        h = completion_hidden(model, batch, mb)
+        weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
+        dev, t1 = h.device, mb.completion_end
+        adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
+        out = kernels.fused_linear_grpo_loss(
+            h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
+            algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
+            rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
+            temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
+        if not torch.isfinite(out.loss):
+            finite = False
+            break
+        out.loss.backward()
+        loss_total += float(out.loss.detach())
+        logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
+        entropy[mb.rows, :t1] = out.entropy.float().cpu()
+        w = out.stats.get("tokens", 0.0)
+        for k, v in out.stats.items():
+            acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
+    if score_rest and finite:  # the rows without gradient: their logprobs and entropies only, no graph
+        rest = torch.nonzero((loss_mask.sum(-1) > 0) & ~torch.isin(torch.arange(N), rows)).squeeze(-1)
+        if rest.numel():
+            scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
+            keep = loss_mask[rest]
+            logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    if no_signal:
         grad_norm, skipped = 0.0, False
     else:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
@@ -119,7 +184,7 @@ def policy_update(model, optimizer, batch: Rollouts, settings: LossSettings, *, 
             optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
         else:
             optimizer.step()
-    n_tok = max(acc.pop("tokens", 0.0), 1.0)
-    stats = {k: v / n_tok for k, v in acc.items()}
+    n_tok = acc.pop("tokens", 0.0)
+    stats = {k: v / n_tok for k, v in acc.items()} if n_tok else {}
     stats["loss"] = loss_total
-    return UpdateResult(stats, grad_norm, skipped, no_signal and finite, logprobs, entropy)
+    return UpdateResult(stats, grad_norm, skipped, no_signal, logprobs, entropy, rows, N)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from tinyrl.algo.losses import BatchTotals, LossSettings, kl_penalty, llds_term, policy_loss, top_entropy_mask
+from tinyrl.algo.losses import BatchTotals, kl_penalty, llds_term, policy_loss, top_entropy_mask
+from tinyrl.config import AlgoConfig
 
 LN = math.log
 # row 0 (A = +1): ratios [1.5, 0.5]; row 1 (A = -1): ratios [0.7, 1.1], second token masked out
@@ -14,7 +15,7 @@ LOGP = torch.tensor([[LN(1.5), LN(0.5)], [LN(0.7), LN(1.1)]])
 ADV = torch.tensor([1.0, -1.0])
 MASK = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
 # per-token pg: -min(r A, clip(r) A) with eps 0.2 / 0.28 -> [-1.28, -0.5], [0.8, (1.1)]
-S = LossSettings(epsilon_low=0.2, epsilon_high=0.28)
+S = AlgoConfig(epsilon_low=0.2, epsilon_high=0.28)
 
 
 def loss(settings=S, mask=MASK, logp=LOGP, **kw):
@@ -27,7 +28,7 @@ def loss(settings=S, mask=MASK, logp=LOGP, **kw):
     ("constant", (-1.28 - 0.5 + 0.8) / (2 * 2)),
 ])
 def test_aggregations(agg, expected):
-    out = loss(LossSettings(epsilon_low=0.2, epsilon_high=0.28, loss_agg=agg))
+    out = loss(AlgoConfig(epsilon_low=0.2, epsilon_high=0.28, loss_agg=agg))
     assert float(out.loss) == pytest.approx(expected, abs=1e-6)
 
 
@@ -59,12 +60,12 @@ def test_dual_clip_bounds_negative_advantage_loss():
     adv = torch.tensor([-1.0])
     m = torch.ones(1, 1)
     plain = policy_loss(logp, torch.zeros(1, 1), adv, m, S).loss
-    dual = policy_loss(logp, torch.zeros(1, 1), adv, m, LossSettings(dual_clip=3.0)).loss
+    dual = policy_loss(logp, torch.zeros(1, 1), adv, m, AlgoConfig(dual_clip=3.0)).loss
     assert float(plain) == pytest.approx(5.0) and float(dual) == pytest.approx(3.0)
 
 
 def test_sequence_level_ratio_gspo():
-    s = LossSettings(ratio_level="sequence", epsilon_low=0.2, epsilon_high=0.28)
+    s = AlgoConfig(ratio_level="sequence", epsilon_low=0.2, epsilon_high=0.28)
     out = loss(s)
     # row 0: exp(mean(ln 1.5, ln 0.5)) = sqrt(0.75), unclipped, A = +1; row 1: ratio 0.7 -> clipped to 0.8, A = -1
     expected = (-math.sqrt(0.75) * 2 + 0.8) / 3
@@ -81,19 +82,19 @@ def test_kl_estimators(est, fn):
 def test_kl_term_added_with_beta():
     ref = torch.zeros(2, 2)
     base = loss().loss
-    with_kl = loss(LossSettings(epsilon_low=0.2, epsilon_high=0.28, beta=0.1), ref_logp=ref)
+    with_kl = loss(AlgoConfig(epsilon_low=0.2, epsilon_high=0.28, beta=0.1), ref_logp=ref)
     k3 = [math.exp(-v) + v - 1 for v in (LN(1.5), LN(0.5), LN(0.7))]
     assert float(with_kl.loss) == pytest.approx(float(base) + 0.1 * sum(k3) / 3, abs=1e-6)
     assert with_kl.stats["ref_kl"] == pytest.approx(sum(k3) / 3, abs=1e-6)
     with pytest.raises(ValueError, match="beta > 0 needs ref_logp"):
-        loss(LossSettings(beta=0.1))
+        loss(AlgoConfig(beta=0.1))
 
 
 @pytest.mark.parametrize("mode,weight", [("truncate", 3.0), ("mask", 0.0)])
 def test_truncated_importance_sampling(mode, weight):
     logp = torch.tensor([[0.0]])
     rollout = torch.tensor([[-LN(4.0)]])  # pi_trainer / pi_rollout = 4 > cap 3
-    s = LossSettings(tis="token", tis_mode=mode, tis_cap=3.0)
+    s = AlgoConfig(tis="token", tis_mode=mode, tis_cap=3.0)
     out = policy_loss(logp, None, torch.tensor([1.0]), torch.ones(1, 1), s, rollout_logp=rollout)
     assert float(out.loss) == pytest.approx(-1.0 * weight)
 
@@ -108,9 +109,9 @@ def test_llds_acts_only_where_it_should():
     term = llds_term(logp, old, adv, torch.ones(3, 2))
     assert torch.allclose(term, torch.tensor([[0.3, 0.0], [0.0, 0.0], [0.0, 0.0]]))
     lp = logp.clone().requires_grad_(True)
-    base = policy_loss(lp, old, adv[:, 0], torch.ones(3, 2), LossSettings()).loss
+    base = policy_loss(lp, old, adv[:, 0], torch.ones(3, 2), AlgoConfig()).loss
     lp2 = logp.clone().requires_grad_(True)
-    with_llds = policy_loss(lp2, old, adv[:, 0], torch.ones(3, 2), LossSettings(llds_lambda=0.2))
+    with_llds = policy_loss(lp2, old, adv[:, 0], torch.ones(3, 2), AlgoConfig(llds_lambda=0.2))
     assert float(with_llds.loss) == pytest.approx(float(base) + 0.2 * 0.3 / 6, abs=1e-6)
     with_llds.loss.backward()
     assert lp2.grad[0, 0] < 0  # the stabiliser pushes that token's likelihood back up

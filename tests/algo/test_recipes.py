@@ -46,7 +46,7 @@ def test_dynamic_sampling_keeps_only_informative_groups(tiny_model_dir, run_root
     t = build_trainer(overrides=base(tiny_model_dir, run_root, **{
         "algo.dynamic_sampling": True, "algo.max_sampling_rounds": 8,
         "reward.functions": [f"{__name__}:half_constant"]}))
-    batch, stats = t.rollout()
+    batch, stats = t.collect_batch()
     assert stats["dynamic_dropped_groups"] > 0 and stats["sampling_rounds"] > 1
     assert int(batch.group.max()) + 1 == 4  # the batch is full: B groups
     assert informative_groups(batch.rewards, batch.group).all()

@@ -21,7 +21,7 @@ def make_rewards(n_groups=9, G=5, dtype=torch.float32):
     r[group == 0] = 0.75  # all equal: std 0
     r[(group == 1)] = float("nan")  # all failed: no stats
     r[(group == 2) & (torch.arange(n_groups * G) % G != 0)] = float("nan")  # one valid reward
-    r[torch.rand(n_groups * G) < 0.1] = float("nan")
+    r[(torch.rand(n_groups * G) < 0.1) & (group != 0)] = float("nan")  # group 0 keeps >= 2 valid rewards
     group = torch.where(group == 3, torch.full_like(group, n_groups), group)  # id 3 unused
     perm = torch.randperm(len(r))
     return r[perm].to(dtype), group[perm]

@@ -1,13 +1,13 @@
-"""Format rewards: think/answer structure, exactly one final answer, soft overlong punishment,
-and the third way of combining components."""
+"""Format rewards: think/answer structure, exactly one final answer, DAPO's overlong shaping
+against TRL's, and the ways of combining components."""
 
 import pytest
 import torch
 
 from tinyrl.config import RewardSpec
 from tinyrl.rewards.core import RewardSet
-from tinyrl.rewards.format import (answer_format_reward, one_answer_reward, overlong_penalty, soft_overlong_reward,
-                                   think_answer_format_reward)
+from tinyrl.algo.shaping import overlong_penalty
+from tinyrl.rewards.format import answer_format_reward, one_answer_reward, think_answer_format_reward
 
 
 @pytest.mark.parametrize("completion, ok", [
@@ -45,37 +45,33 @@ def test_one_answer():
     assert one_answer_reward(["Q"] * 6, completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
 
 
-def test_soft_overlong_matches_dapo():
-    ids = [[1] * n for n in (10, 80, 81, 90, 100, 101, 500)]
-    got = soft_overlong_reward(None, ["x"] * 7, completion_ids=ids, max_len=100, cache=20)
-    assert got == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0, -1.0])
-    assert overlong_penalty(0, 10, 10) == 0.0
-    with pytest.raises(ValueError):
-        soft_overlong_reward(None, ["x"], completion_ids=[[1]], max_len=10, cache=0)
-
-
-def test_overlong_agrees_with_trl():
+def test_overlong_shaping_agrees_with_trl():
+    """The one overlong mechanism (algo.overlong_buffer) gives TRL's soft overlong punishment."""
     trl_rewards = pytest.importorskip("trl.rewards")
     trl_fn = trl_rewards.get_soft_overlong_punishment(max_completion_len=100, soft_punish_cache=20)
-    ids = [[1] * n for n in range(0, 130, 7)]
-    ours = soft_overlong_reward(None, ["x"] * len(ids), completion_ids=ids, max_len=100, cache=20)
-    assert ours == pytest.approx(trl_fn(completion_ids=ids))
+    lengths = list(range(0, 130, 7))
+    ours = overlong_penalty(torch.tensor(lengths), max_len=100, buffer=20).tolist()
+    assert ours == pytest.approx(trl_fn(completion_ids=[[1] * n for n in lengths]))
+
+
+def length_penalty(prompts, completions, completion_ids, **kw):
+    return [-len(ids) / 10 for ids in completion_ids]
 
 
 def test_components_weighted_and_logged_through_reward_set():
     rs = RewardSet([RewardSpec("math_strict", 1.0), RewardSpec("think_answer_format", 0.2),
-                    RewardSpec("soft_overlong", 0.5, {"max_len": 10, "cache": 4})], combine="sum")
+                    RewardSpec(f"{__name__}:length_penalty", 0.5)], combine="sum")
     completions = ["<think>2+2</think><answer>4</answer>", r"\boxed{4}", "<think>x</think><answer>5</answer>"]
     ids = [[1] * 3, [1] * 8, [1] * 12]
     total, comps, report = rs.score(["2+2?"] * 3, completions, [{"answer": "4"}] * 3, completion_ids=ids)
     assert comps["math_strict"].tolist() == [1.0, 1.0, 0.0]
     assert comps["think_answer_format"].tolist() == [1.0, 0.0, 1.0]
-    assert comps["soft_overlong"].tolist() == pytest.approx([0.0, -0.5, -1.0])
-    assert total.tolist() == pytest.approx([1.2, 0.75, -0.3])
+    assert comps["length_penalty"].tolist() == pytest.approx([-0.3, -0.8, -1.2])
+    assert total.tolist() == pytest.approx([1.05, 0.6, -0.4])
     assert report.failures == {}
 
     rs.combine = "normalize_then_sum"  # each component standardised over the batch before weighting
     total, comps, _ = rs.score(["2+2?"] * 3, completions, [{"answer": "4"}] * 3, completion_ids=ids)
     z = lambda v: (v - v.mean()) / (v.std() + 1e-6)  # noqa: E731
-    expect = z(comps["math_strict"]) + 0.2 * z(comps["think_answer_format"]) + 0.5 * z(comps["soft_overlong"])
+    expect = z(comps["math_strict"]) + 0.2 * z(comps["think_answer_format"]) + 0.5 * z(comps["length_penalty"])
     assert torch.allclose(total, expect, atol=1e-5)

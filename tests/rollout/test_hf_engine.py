@@ -1,4 +1,4 @@
-"""The transformers engine: shapes, groups, one encode per prompt, logprobs, stops, seeding."""
+"""The transformers engine: shapes, groups, one encode per prompt, logprobs, stops, budgets, seeding."""
 
 import pytest
 import torch
@@ -6,7 +6,8 @@ import torch
 from tinyrl.config import LoraConfig, ModelConfig
 from tinyrl.model import load_policy
 from tinyrl.rollout.base import Rollouts, SamplingParams
-from tinyrl.rollout.hf import HFEngine, _StopOnStrings, completion_mask_of
+from tinyrl.rollout.base import StopStrings
+from tinyrl.rollout.hf import HFEngine
 from tinyrl.update import score_logprobs
 
 PROMPTS = ["1+2=", "34+56=", "7+8="]  # different lengths: left padding matters
@@ -74,20 +75,53 @@ def test_seeded_sampling_is_reproducible(policy):
     assert torch.equal(rng, torch.random.get_rng_state())  # the global RNG is left untouched
 
 
-def test_completion_mask_eos_pad_and_truncation():
-    eos, pad = 1, 0
-    ids = torch.tensor([[5, 6, 1, 0], [5, 6, 7, 8], [5, 1, 0, 0], [5, 6, 0, 0]])
-    texts = ["ab", "abcd", "a", "a\n"]
-    mask, trunc = completion_mask_of(ids, texts, eos, pad, stop=["\n"])
-    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]
-    assert trunc.tolist() == [False, True, False, False]  # row 3 ended on a stop string
+def test_stop_strings_end_rows_and_keep_the_exact_ids(policy):
+    model, tok = policy
+    eng = HFEngine(model, tok, seed=5)
+    free = eng.sample([tok("1+2=")["input_ids"]], SamplingParams(max_new_tokens=12), n=16)[0]
+    # a character the free samples produce somewhere after their first token becomes the stop string
+    chars = [c for s in free for c in tok.decode(s.token_ids[1:], skip_special_tokens=True)]
+    stop = max(set(chars), key=chars.count)
+    eng = HFEngine(model, tok, seed=5)
+    got = eng.sample([tok("1+2=")["input_ids"]], SamplingParams(max_new_tokens=12, stop=[stop]), n=16)[0]
+    stopped = [s for s in got if s.finish == "stop"]
+    assert stopped
+    for s in stopped:
+        text = tok.decode(s.token_ids, skip_special_tokens=True)
+        assert text.endswith(stop) and stop not in tok.decode(s.token_ids[:-1], skip_special_tokens=True)
+    for s in got:
+        assert len(s.token_ids) == len(s.logprobs) <= 12
+        assert (s.finish == "eos") == (s.token_ids[-1] == tok.eos_token_id)
+        assert s.finish != "length" or len(s.token_ids) == 12
 
 
-def test_stop_on_strings(policy):
+def test_per_row_budgets_and_greedy(policy):
+    model, tok = policy
+    eng = HFEngine(model, tok, seed=6)
+    ctx = [tok(p)["input_ids"] for p in PROMPTS]
+    rows = eng.sample(ctx, SamplingParams(max_new_tokens=10), n=2, max_new=[1, 3, 10])
+    for (a, b), cap in zip(rows, (1, 3, 10)):
+        assert len(a.token_ids) <= cap and len(b.token_ids) <= cap
+    assert all(s.finish in ("length", "eos") for s in rows[0])
+    g1 = eng.sample(ctx, SamplingParams(max_new_tokens=6), n=1, greedy=True)
+    g2 = HFEngine(model, tok, seed=99).sample(ctx, SamplingParams(max_new_tokens=6), n=1, greedy=True)
+    assert [r[0].token_ids for r in g1] == [r[0].token_ids for r in g2]  # greedy ignores the seed
+
+
+def test_stop_string_check_reads_only_the_newest_tokens(policy):
     _, tok = policy
-    ids = tok(["1+1=2\n", "1+1=22"], return_tensors="pt", padding=True).input_ids
-    crit = _StopOnStrings(tok, ["\n"], prompt_len=4)
-    assert crit(ids, None).tolist() == [True, False]
+    s = StopStrings(tok, ["\n"])
+    assert s.hit([tok("1+1=2\n")["input_ids"], tok("1+1=22")["input_ids"]]) == [True, False]
+    assert not StopStrings(tok, [])
+
+
+def test_top_p_keeps_the_nucleus_only():
+    from tinyrl.rollout.hf import _draw
+
+    logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    draws = {int(_draw(logp, 0.7, g)) for _ in range(300)}
+    assert draws == {0, 1}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are never drawn
 
 
 def test_select_and_concat_roundtrip(policy):

@@ -136,6 +136,8 @@ def reinforce_pp_baseline(x: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(masked_whiten(_token_outcome(x, centered), m), *_summary(x.rewards, x.group))
 
 
+TOKEN_REWARD_ESTIMATORS = frozenset({"reinforce_pp"})  # estimators that fold a per-token KL into the rewards
+
 ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,

@@ -4,6 +4,9 @@ Pure torch, the reference semantics: the fused linear loss in tinyrl.kernels com
 per-token logprobs and entropies without materialising logits, then calls `policy_loss`.
 All [N, T] tensors are right-padded completions; `mask` selects the tokens that count.
 
+The switches come from the run's `AlgoConfig` (`tinyrl.config`), passed as is: the loss has no
+copy of them (`LossSwitches` only names the fields it reads).
+
 Micro-batching: pass the totals of the whole optimiser batch (`BatchTotals`), so the
 micro-batch losses add up to the batch loss and gradient accumulation is exact.
 """
@@ -11,44 +14,41 @@ micro-batch losses add up to the batch loss and gradient accumulation is exact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional, Protocol
 
 import torch
+
+
+class LossSwitches(Protocol):
+    """The fields of `AlgoConfig` that `policy_loss` reads (documented there)."""
+
+    epsilon_low: float
+    epsilon_high: float
+    dual_clip: Optional[float]
+    ratio_level: str  # token | sequence (GSPO)
+    loss_agg: str  # a name in AGGREGATIONS
+    beta: float
+    kl_estimator: str  # a name in KL_ESTIMATORS
+    kl_in_reward: bool  # the KL sits in the token rewards (REINFORCE++), not in the loss
+    tis: str  # none | token | sequence
+    tis_mode: str  # truncate | mask
+    tis_cap: float
+    llds_lambda: float
 
 
 @dataclass
 class BatchTotals:
     """Normalisers of the whole optimiser batch (not of one micro-batch)."""
 
-    num_tokens: float  # valid loss tokens in the batch
+    num_tokens: float  # tokens in the loss, over the whole batch
     num_seqs: float  # sequences in the batch
-    max_len: float  # max completion length (Dr. GRPO's constant normaliser)
+    max_len: float  # Dr. GRPO's constant normaliser: the configured max completion length
 
     @staticmethod
     def of(mask: torch.Tensor, max_len: int | None = None) -> "BatchTotals":
+        """Totals of a batch's loss mask; `max_len` is the run's `rollout.max_new_tokens` (a
+        constant, so it must not be the padded width of this batch, which changes every step)."""
         return BatchTotals(float(mask.sum()), float(mask.shape[0]), float(max_len or mask.shape[1]))
-
-
-@dataclass
-class LossSettings:
-    """The switches policy_loss reads; built from AlgoConfig by `LossSettings.from_config`."""
-
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    dual_clip: float | None = None
-    ratio_level: str = "token"  # token | sequence (GSPO)
-    loss_agg: str = "token_mean"
-    beta: float = 0.0
-    kl_estimator: str = "k3"
-    tis: str = "none"  # none | token | sequence
-    tis_mode: str = "truncate"  # truncate | mask
-    tis_cap: float = 3.0
-    top_entropy_quantile: float | None = None
-    llds_lambda: float = 0.0
-
-    @staticmethod
-    def from_config(algo) -> "LossSettings":
-        return LossSettings(**{k: getattr(algo, k) for k in LossSettings.__dataclass_fields__})
 
 
 @dataclass
@@ -60,10 +60,19 @@ class LossOutput:
 # --------------------------------------------------------------------------- pieces
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from sampled tokens (Schulman's k1/k2/k3)."""
-    log_r = ref_logp - logp
-    return KL_ESTIMATORS[estimator](log_r)
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(p || q), for tokens sampled from p: `logp` = log p, `ref_logp` = log q.
+
+    Schulman's estimators of log_r = log q - log p: k1 = -log_r (unbiased, can be negative),
+    k2 = log_r^2 / 2, k3 = exp(log_r) - log_r - 1 (unbiased and >= 0). The direction matters:
+    for the KL of the policy to its reference the tokens come from the policy, so
+    `kl_penalty(logp_policy, logp_ref)`; for how far an update moved the policy, measured on
+    tokens sampled before it, `kl_penalty(logp_old, logp_new)` = KL(old || new).
+
+    >>> round(float(kl_penalty(torch.tensor(-1.0), torch.tensor(-1.5), "k3")), 4)
+    0.1065
+    """
+    return KL_ESTIMATORS[estimator](ref_logp - logp)
 
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -89,7 +98,8 @@ def seq_mean(per_tok: torch.Tensor, mask: torch.Tensor, totals: BatchTotals) -> 
 
 
 def constant(per_tok: torch.Tensor, mask: torch.Tensor, totals: BatchTotals) -> torch.Tensor:
-    """Sum over valid tokens / (sequences * max completion length) (Dr. GRPO)."""
+    """Sum over valid tokens / (sequences * max completion length) (Dr. GRPO; TRL and Liger
+    divide by the configured max completion length, as here)."""
     return (per_tok * mask).sum() / max(totals.num_seqs * totals.max_len, 1.0)
 
 
@@ -110,7 +120,7 @@ def importance_log_ratio(logp, old_logp, mask, level: str) -> torch.Tensor:
     raise ValueError(f"ratio_level must be token | sequence, got {level!r}")
 
 
-def tis_weights(old_logp, rollout_logp, mask, s: LossSettings) -> torch.Tensor:
+def tis_weights(old_logp, rollout_logp, mask, s: LossSwitches) -> torch.Tensor:
     """Truncated importance weights pi_trainer / pi_rollout (detached), [N, T] or [N, 1]."""
     log_w = (old_logp - rollout_logp).detach()
     if s.tis == "sequence":
@@ -122,7 +132,14 @@ def tis_weights(old_logp, rollout_logp, mask, s: LossSettings) -> torch.Tensor:
 
 
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
-    """1 on the top-q fraction of valid tokens by entropy (ties at the threshold kept)."""
+    """The loss mask restricted to the top-q fraction of its tokens by entropy (ties at the
+    threshold kept), selected over everything passed in: give it the whole optimiser batch, not
+    a micro-batch, so the selection and the token count it leaves are batch-global and exact
+    ("Beyond the 80/20 rule", Wang et al., arXiv 2506.01939).
+
+    >>> top_entropy_mask(torch.tensor([[0.1, 0.9], [0.5, 0.3]]), torch.ones(2, 2), q=0.5).tolist()
+    [[0.0, 1.0], [1.0, 0.0]]
+    """
     valid = entropy[mask.bool()]
     if valid.numel() == 0:
         return mask
@@ -151,18 +168,27 @@ def policy_loss(
     old_logp: torch.Tensor | None,  # [N, T] logprobs before this batch's updates; None = logp.detach()
     advantages: torch.Tensor,  # [N] or [N, T]
     mask: torch.Tensor,  # [N, T] float, tokens in the loss
-    s: LossSettings,
+    s: LossSwitches,
     totals: BatchTotals | None = None,
-    ref_logp: torch.Tensor | None = None,  # [N, T] reference policy, needed when beta > 0
+    ref_logp: torch.Tensor | None = None,  # [N, T] reference policy: the KL term (beta > 0) and `ref_kl`
     rollout_logp: torch.Tensor | None = None,  # [N, T] rollout-engine logprobs, for TIS
-    entropy: torch.Tensor | None = None,  # [N, T] detached token entropies, for the top-q mask
 ) -> LossOutput:
+    """The micro-batch's share of the batch loss, and its statistics.
+
+    Per token: -min(r A, clip(r) A) (dual-clipped, TIS-weighted if on), + beta * KL(pi || ref)
+    when the KL is a loss term (beta > 0 and not `kl_in_reward`), + lambda * LLDS; aggregated by
+    `loss_agg` with the whole batch's `totals`. Token selection (top-entropy masking) is the
+    caller's: it arrives in `mask`, chosen over the whole batch.
+
+    Stats: `pg_loss`, `clip_frac(_low/_high)`; `pass_kl` = KL(old || current), only when
+    `old_logp` is given (a later pass over the same batch); `ref_kl` = k3 KL(pi || ref) when
+    `ref_logp` is given; `llds`.
+    """
     mask = mask.to(logp.dtype)
+    measured_old = old_logp is not None
     old_logp = logp.detach() if old_logp is None else old_logp
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand_as(logp)
     adv = adv.to(logp.dtype)
-    if s.top_entropy_quantile is not None and entropy is not None:
-        mask = top_entropy_mask(entropy, mask, s.top_entropy_quantile)
     totals = totals or BatchTotals.of(mask)
 
     log_ratio = importance_log_ratio(logp, old_logp, mask, s.ratio_level)
@@ -174,12 +200,10 @@ def policy_loss(
     if s.tis != "none" and rollout_logp is not None:
         pg = pg * tis_weights(old_logp, rollout_logp, mask, s)
     per_tok = pg
-    kl = None
-    if s.beta > 0:
+    if s.beta > 0 and not s.kl_in_reward:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the adapter-disabled policy)")
-        kl = kl_penalty(logp, ref_logp, s.kl_estimator)
-        per_tok = per_tok + s.beta * kl
+        per_tok = per_tok + s.beta * kl_penalty(logp, ref_logp, s.kl_estimator)
     llds = None
     if s.llds_lambda > 0:
         llds = llds_term(logp, old_logp, adv, mask)
@@ -189,19 +213,19 @@ def policy_loss(
 
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
+        mean = lambda x: float((x * mask).sum() / n)  # noqa: E731
         r = ratio.expand_as(logp)
-        low = ((r < 1 - s.epsilon_low) & (adv < 0)).to(mask.dtype)
-        high = ((r > 1 + s.epsilon_high) & (adv > 0)).to(mask.dtype)
         stats = {
-            "pg_loss": float((pg * mask).sum() / n),
-            "clip_frac_low": float((low * mask).sum() / n),
-            "clip_frac_high": float((high * mask).sum() / n),
-            "policy_kl": float(((torch.exp(logp - old_logp) - (logp - old_logp) - 1) * mask).sum() / n),  # k3 of KL(old || new)
+            "pg_loss": mean(pg),
+            "clip_frac_low": mean(((r < 1 - s.epsilon_low) & (adv < 0)).to(mask.dtype)),
+            "clip_frac_high": mean(((r > 1 + s.epsilon_high) & (adv > 0)).to(mask.dtype)),
             "tokens": float(mask.sum()),
         }
         stats["clip_frac"] = stats["clip_frac_low"] + stats["clip_frac_high"]
-        if kl is not None:
-            stats["ref_kl"] = float((kl * mask).sum() / n)
+        if measured_old:
+            stats["pass_kl"] = mean(kl_penalty(old_logp, logp.detach()))
+        if ref_logp is not None:
+            stats["ref_kl"] = mean(kl_penalty(logp.detach(), ref_logp))
         if llds is not None:
-            stats["llds"] = float((llds * mask).sum() / n)
+            stats["llds"] = mean(llds)
     return LossOutput(loss, stats)

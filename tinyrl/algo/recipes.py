@@ -1,5 +1,5 @@
 """Named recipes: each is a set of AlgoConfig switches. A run names one with `algo.recipe`
-and may then override any field; explicit fields always win over the recipe.
+and may then override any field (precedence: tinyrl.config.resolve_recipe).
 
 - grpo: DeepSeekMath GRPO (arXiv 2402.03300). Group-normalised advantages (r - mean)/std,
   PPO-style token ratio clipped at 0.2, each sequence's token mean averaged over sequences.
@@ -15,8 +15,9 @@ and may then override any field; explicit fields always win over the recipe.
   (3e-4 / 4e-4), which stabilises MoE and long-sequence training.
 - rloo: REINFORCE Leave-One-Out (Ahmadian et al., arXiv 2402.14740). Each sample's baseline is
   the mean reward of the other samples of its prompt; no std scaling.
-- reinforce_pp: REINFORCE++ (Hu, arXiv 2501.03262). Token rewards carry a k1 KL penalty,
-  returns are whitened over the whole batch instead of per group; needs beta > 0 for the KL part.
+- reinforce_pp: REINFORCE++ (Hu, arXiv 2501.03262). Token rewards carry a k1 KL penalty
+  (kl_in_reward: the KL is charged there, once, and not again in the loss), returns are
+  whitened over the whole batch instead of per group; needs beta > 0 for the KL part.
 """
 
 from __future__ import annotations
@@ -34,6 +35,6 @@ RECIPES: dict[str, dict[str, Any]] = {
              "loss_agg": "seq_mean", "epsilon_low": 3e-4, "epsilon_high": 4e-4},
     "rloo": {"estimator": "rloo", "scale": "none", "loss_agg": "token_mean"},
     "reinforce_pp": {"estimator": "reinforce_pp", "scale": "none", "loss_agg": "token_mean",
-                     "beta": 0.01, "kl_estimator": "k1"},
+                     "beta": 0.01, "kl_estimator": "k1", "kl_in_reward": True},
 }
 

@@ -6,8 +6,9 @@
 - `answer_format`: exactly one non-empty `<answer>...</answer>`, at the end.
 - `one_answer`: exactly one final answer (one distinct `<answer>` / `\\boxed{}` / `####` /
   "the answer is"), no hedging; the guard of `tinyrl.rewards.math` as its own signal.
-- `soft_overlong`: DAPO's soft overlong punishment on completion length in tokens,
-  0 up to `max_len - cache`, then linearly down to -1 at `max_len` (and -1 beyond).
+
+DAPO's soft overlong punishment is not a reward here but a run switch (`algo.overlong_buffer`,
+`tinyrl.algo.shaping`), so its length limit is always the run's `rollout.max_new_tokens`.
 
 Format rewards are cheap to game; weight them below the correctness reward and watch
 `math_strict` against `math_lenient` to see whether gains are format only.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 
 from tinyrl.rewards.core import register
-from tinyrl.rewards.guards import completion_text, prompt_text
+from tinyrl.rewards.guards import answer_blocks, completion_text, prompt_text
 from tinyrl.rewards.math import extract_answer
 
 _THINK_ANSWER = re.compile(r"^\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*$", re.DOTALL)
@@ -64,8 +65,8 @@ def answer_format_reward(prompts: list, completions: list, **kwargs) -> list[flo
     out = []
     for c in completions:
         text = completion_text(c)
-        blocks = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
-        ok = (len(blocks) == 1 and text.count("<answer>") == 1 and blocks[0].strip() != ""
+        blocks = answer_blocks(text)
+        ok = (len(blocks) == 1 and text.lower().count("<answer>") == 1 and blocks[0].strip() != ""
               and text.rstrip().endswith("</answer>"))
         out.append(float(ok))
     return out
@@ -80,36 +81,3 @@ def one_answer_reward(prompts: list, completions: list, **kwargs) -> list[float]
     """
     prompts = prompts if prompts is not None else [None] * len(completions)
     return [float(extract_answer(c, "strict", p) is not None) for c, p in zip(completions, prompts)]
-
-
-def overlong_penalty(length: int, max_len: int, cache: int) -> float:
-    """DAPO eq. 13: 0 up to max_len - cache, then linear to -1 at max_len, -1 beyond.
-
-    >>> [overlong_penalty(n, max_len=100, cache=20) for n in (50, 80, 90, 100, 120)]
-    [0.0, 0.0, -0.5, -1.0, -1.0]
-    """
-    if length <= max_len - cache:
-        return 0.0
-    if length <= max_len:
-        return (max_len - cache - length) / cache
-    return -1.0
-
-
-@register("soft_overlong")
-def soft_overlong_reward(prompts: list, completions: list, completion_ids: list | None = None,
-                         max_len: int = 256, cache: int = 32, **kwargs) -> list[float]:
-    """Soft overlong punishment in [-1, 0] from each completion's token count (`completion_ids`).
-
-    `max_len` should be the run's max new tokens; `cache` the soft zone before it. Without
-    token ids (a caller outside the trainer) the character count is used instead.
-
-    >>> soft_overlong_reward(None, ["a", "b"], completion_ids=[[1] * 10, [1] * 90], max_len=100, cache=20)
-    [0.0, -0.5]
-    """
-    if cache <= 0 or cache > max_len:
-        raise ValueError(f"soft_overlong: need 0 < cache <= max_len, got cache={cache}, max_len={max_len}")
-    if completion_ids is not None:
-        lengths = [len(ids) for ids in completion_ids]
-    else:
-        lengths = [len(completion_text(c)) for c in completions]
-    return [overlong_penalty(n, max_len, cache) for n in lengths]

@@ -7,6 +7,7 @@ Early RL finds the cheapest way to a high reward. These helpers close the common
   cannot come from echoing the question (or a worked example inside it).
 - `distinct_answers` / `is_hedged`: several different final answers, or one answer that
   hedges ("3 or 4"), score 0 instead of collecting credit for whichever one is right.
+- `answer_blocks`: the one `<answer>...</answer>` extractor every reward and task uses.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from typing import Any
 
 _HEDGE = re.compile(r"\bor\b|\beither\b|\\lor\b|\\vee\b|\\text\{\s*or\s*\}|\\pm\b|±", re.IGNORECASE)
 _SPACE = re.compile(r"\s+")
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def answer_blocks(text: str) -> list[str]:
+    """The contents of every closed `<answer>...</answer>` block, in order (tags in any case).
+
+    >>> answer_blocks("x <answer> 4 </answer> then <ANSWER>5</ANSWER> and <answer>6")
+    [' 4 ', '5']
+    """
+    return _ANSWER_BLOCK.findall(text)
 
 
 def completion_text(completion: Any) -> str:

@@ -29,11 +29,11 @@ import re
 from typing import Any
 
 from tinyrl.rewards.core import register
-from tinyrl.rewards.guards import completion_text, distinct_answers, is_hedged, normalize_answer, strip_prompt_echo
+from tinyrl.rewards.guards import (answer_blocks, completion_text, distinct_answers, is_hedged, normalize_answer,
+                                   strip_prompt_echo)
 from tinyrl.rewards.pool import TIMEOUT, CallError, shared_pool
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _GSM8K = re.compile(r"####\s*([^\n]+)")
 _ANSWER_IS = re.compile(r"\b(?:final answer|the answer)\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:/\d+)?|-?\.\d+")
@@ -126,7 +126,7 @@ def extract_answer(text: str, mode: str = "strict", prompt: Any = None) -> str |
     if prompt is not None:
         text = strip_prompt_echo(text, prompt)
     tagged = []
-    for t in _ANSWER_TAG.findall(text):
+    for t in answer_blocks(text):
         tagged += find_boxed(t) or [_clean(t)]
     for found in (tagged, find_boxed(text), find_gsm8k(text), find_answer_is(text)):
         found = [a for a in found if a]

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
+FINISH = ("eos", "stop", "length")  # why a sample ended: the EOS token, a stop string, the token budget
+
 
 @dataclass
 class SamplingParams:
@@ -26,8 +28,8 @@ class Rollouts:
     prompt_ids: torch.Tensor  # [N, P] left-padded prompt token ids
     prompt_mask: torch.Tensor  # [N, P] 1 on real prompt tokens
     completion_ids: torch.Tensor  # [N, T] right-padded sampled token ids
-    completion_mask: torch.Tensor  # [N, T] 1 on sampled tokens (up to and including EOS / stop)
-    loss_mask: torch.Tensor  # [N, T] tokens the policy loss sees (tool output masked out)
+    completion_mask: torch.Tensor  # [N, T] 1 on real completion tokens (sampled + tool observations), up to EOS / stop
+    loss_mask: torch.Tensor  # [N, T] tokens the policy loss sees: a subset of action_mask
     sampling_logprobs: torch.Tensor  # [N, T] engine logprob of each sampled token (at its temperature)
     group: torch.Tensor  # [N] prompt index 0..B-1 of each row
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS / stop
@@ -39,14 +41,24 @@ class Rollouts:
     advantages: torch.Tensor | None = None  # [N] (or [N, T] for token-level estimators)
     old_logprobs: torch.Tensor | None = None  # [N, T] trainer logprobs before the update
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference (adapter off) logprobs, when beta > 0
+    observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens (not sampled); None = none
+    trajectories: list[dict] | None = None  # [N] multi-turn rows: turns, tool calls, errors, the turn log
+
+    def __post_init__(self):
+        if self.observation_mask is None:
+            self.observation_mask = torch.zeros_like(self.completion_mask)
+
+    @property
+    def action_mask(self) -> torch.Tensor:  # [N, T] the tokens the policy sampled
+        return self.completion_mask * (1 - self.observation_mask)
 
     @property
     def num_rows(self) -> int:
         return self.completion_ids.shape[0]
 
     @property
-    def completion_lengths(self) -> torch.Tensor:  # [N]
-        return self.completion_mask.sum(-1)
+    def completion_lengths(self) -> torch.Tensor:  # [N] tokens the policy sampled (observations excluded)
+        return self.action_mask.sum(-1)
 
     def select(self, rows: torch.Tensor | list[int]) -> "Rollouts":
         """A new batch holding only `rows` (groups renumbered 0..B'-1 in order of appearance)."""
@@ -58,6 +70,8 @@ class Rollouts:
                 out[f.name] = v[idx]
             elif isinstance(v, list):
                 out[f.name] = [v[i] for i in idx.tolist()]
+            elif v is None:
+                out[f.name] = None
             elif isinstance(v, dict):
                 out[f.name] = {k: t[idx] for k, t in v.items()}
             else:
@@ -98,6 +112,82 @@ class Rollouts:
         return Rollouts(**out)
 
 
+@dataclass
+class Sample:
+    """One sampled continuation, exactly as the engine drew it."""
+
+    token_ids: list[int]  # the sampled ids (the EOS token or the token that completed a stop string included)
+    logprobs: list[float]  # log p of each sampled token under the sampling distribution (at its temperature)
+    finish: str  # one of FINISH
+
+
+def pack_rollouts(tok, prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]],
+                  truncated: list[bool], group: list[int], prompts: list[str], columns: list[dict],
+                  observation: list[list[int]] | None = None, trajectories: list[dict] | None = None) -> Rollouts:
+    """Rows of token ids (never re-tokenised text) -> one padded Rollouts batch.
+
+    `observation[i][t]` = 1 marks a tool-observation token of row i (multi-turn); such tokens carry
+    logprob 0, count for attention and nothing else."""
+    N = len(completions)
+    P = max((len(p) for p in prompt_ids), default=0)
+    T = max((len(c) for c in completions), default=0)
+    pad = tok.pad_token_id
+    p_ids = torch.full((N, P), pad, dtype=torch.long)
+    p_mask = torch.zeros((N, P), dtype=torch.long)
+    c_ids = torch.full((N, T), pad, dtype=torch.long)
+    c_mask = torch.zeros((N, T), dtype=torch.long)
+    obs = torch.zeros((N, T), dtype=torch.long)
+    lp = torch.zeros((N, T), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompt_ids, completions)):
+        if p:
+            p_ids[i, P - len(p):] = torch.tensor(p)
+            p_mask[i, P - len(p):] = 1
+        if c:
+            c_ids[i, :len(c)] = torch.tensor(c)
+            c_mask[i, :len(c)] = 1
+            lp[i, :len(c)] = torch.tensor(logprobs[i], dtype=torch.float32)
+            if observation is not None:
+                obs[i, :len(c)] = torch.tensor(observation[i])
+    action = c_mask * (1 - obs)
+    return Rollouts(
+        prompt_ids=p_ids, prompt_mask=p_mask, completion_ids=c_ids, completion_mask=c_mask,
+        loss_mask=action.clone(), sampling_logprobs=lp * action, group=torch.tensor(group, dtype=torch.long),
+        truncated=torch.tensor(truncated, dtype=torch.bool), prompts=list(prompts),
+        completions=tok.batch_decode(completions, skip_special_tokens=True), columns=list(columns),
+        observation_mask=obs, trajectories=trajectories,
+    )
+
+
+def generate_from_text(engine, prompts: list[str], n: int, params: SamplingParams, columns: list[dict] | None,
+                       greedy: bool) -> Rollouts:
+    """`RolloutEngine.generate` for an engine with `sample(contexts, params, n, greedy)`: each prompt is
+    encoded once, its n samples become n prompt-major rows of one group."""
+    tok = engine.tokenizer
+    ids = tok(list(prompts), add_special_tokens=False)["input_ids"]
+    groups = engine.sample(ids, params, n=n, greedy=greedy)
+    rows = [(i, s) for i, g in enumerate(groups) for s in g]
+    cols = columns if columns is not None else [{} for _ in prompts]
+    return pack_rollouts(tok, [ids[i] for i, _ in rows], [s.token_ids for _, s in rows],
+                         [s.logprobs for _, s in rows], [s.finish == "length" for _, s in rows],
+                         [i for i, _ in rows], [prompts[i] for i, _ in rows], [cols[i] for i, _ in rows])
+
+
+class StopStrings:
+    """Has a row's newest text completed one of the stop strings? Checked on a short tail of
+    tokens per step (a stop string found once ends the row, so only new text can hold one)."""
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.window = max((len(s) for s in self.stop), default=0) + 2  # tokens: each covers >= 1 character
+
+    def __bool__(self) -> bool:
+        return bool(self.stop)
+
+    def hit(self, tails: list[list[int]]) -> list[bool]:
+        texts = self.tokenizer.batch_decode([t[-self.window:] for t in tails], skip_special_tokens=True)
+        return [any(s in x for s in self.stop) for x in texts]
+
+
 def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
     extra = width - t.shape[1]
     if extra == 0:
@@ -107,13 +197,25 @@ def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
 
 
 class RolloutEngine(Protocol):
-    """What the trainer needs from a generator. Engines own all of their internals."""
+    """What the trainer, the evaluation and the checkpoints need from a generator. Engines own all
+    of their internals; nothing else of an engine is read from outside it."""
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams,
-                 columns: list[dict] | None = None) -> Rollouts: ...
+                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
+        """n samples of each prompt (prompt-major rows), or the greedy completion when `greedy`."""
+
+    def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
+               max_new: list[int] | None = None) -> list[list[Sample]]:
+        """n continuations of each token-id context (the multi-turn agent builds on this); `max_new[i]`
+        caps context i's new tokens (default params.max_new_tokens)."""
 
     def release(self) -> None:
         """Free generation memory (KV cache) before the update phase; weights stay."""
 
     def sync(self, model) -> None:
         """Make the engine sample from the current trained weights (LoRA adapter only)."""
+
+    def state_dict(self) -> dict:
+        """The sampling RNG position (saved in checkpoints, so a resumed run draws the same samples)."""
+
+    def load_state_dict(self, state: dict) -> None: ...

@@ -31,8 +31,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.rollout.base import Rollouts, SamplingParams
-from tinyrl.rollout.hf import build_rollouts
+from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text
 
 log = logging.getLogger("tinyrl.rollout.vllm")
 
@@ -154,31 +153,25 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ the RolloutEngine interface
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], n: int, params: SamplingParams,
                  columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
-        tok = self.tokenizer
+        return generate_from_text(self, prompts, n, params, columns, greedy)
+
+    @torch.no_grad()
+    def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
+               max_new: list[int] | None = None) -> list[list[Sample]]:
+        """n continuations of each token-id context, one vLLM request per context (batched by vLLM)."""
         self._wake()
         if self.auto_sync and self._model is not None and _version_of(self._model) != self._adapter_version:
             self.sync(self._model)  # the adapter moved since the last sync (e.g. a resumed checkpoint)
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"])]
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
         base = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
         self.calls += 1
-        sp = [self._sampling(params, n, greedy, seed=base + i * n) for i in range(len(prompts))]
-        outs = self.llm.generate([{"prompt_token_ids": x} for x in ids], sp, use_tqdm=False,
+        budgets = max_new if max_new is not None else [params.max_new_tokens] * len(contexts)
+        sp = [self._sampling(params, n, greedy, seed=base + i * n, max_tokens=m) for i, m in enumerate(budgets)]
+        outs = self.llm.generate([{"prompt_token_ids": list(x)} for x in contexts], sp, use_tqdm=False,
                                  lora_request=self._lora)
-        rows = [c for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]  # prompt-major, n each
-        T = max(len(c.token_ids) for c in rows)
-        completion_ids = torch.full((len(rows), T), tok.pad_token_id, dtype=torch.long)
-        logprobs = torch.zeros((len(rows), T), dtype=torch.float32)
-        for i, c in enumerate(rows):
-            completion_ids[i, :len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
-            if c.logprobs is not None:
-                logprobs[i, :len(c.token_ids)] = torch.tensor([lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
-        return build_rollouts(tok, enc["input_ids"], enc["attention_mask"], completion_ids, logprobs,
-                              prompts, n, params, columns)
+        return [[_sample_of(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
 
     def release(self) -> None:
         """Free the KV cache for the update phase (CUDA sleep mode); the weights stay resident."""
@@ -217,11 +210,11 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _sampling(self, params: SamplingParams, n: int, greedy: bool, seed: int):
+    def _sampling(self, params: SamplingParams, n: int, greedy: bool, seed: int, max_tokens: int):
         from vllm import SamplingParams as VSamplingParams
 
         return VSamplingParams(
-            n=n, seed=seed, max_tokens=params.max_new_tokens, logprobs=0,  # logprob of the sampled token
+            n=n, seed=seed, max_tokens=max_tokens, logprobs=0,  # logprob of the sampled token
             temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0, stop=list(params.stop) or None, stop_token_ids=[self.tokenizer.eos_token_id],
             detokenize=bool(params.stop), skip_special_tokens=True,
@@ -231,6 +224,15 @@ class VLLMEngine:
         if self._released:
             self.llm.wake_up(tags=["kv_cache", "scheduling"])
             self._released = False
+
+
+def _sample_of(c) -> Sample:
+    """A vLLM CompletionOutput as a Sample: its token ids are kept whole (vLLM cuts a stop string off
+    the text, not off the ids), `stop_reason` is the stop string that ended it (None: EOS or length)."""
+    ids = list(c.token_ids)
+    lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)] if c.logprobs is not None else [0.0] * len(ids)
+    finish = "length" if c.finish_reason == "length" else ("stop" if isinstance(c.stop_reason, str) else "eos")
+    return Sample(ids, lps, finish)
 
 
 def make_llm(model_path: str, cfg, seed: int, load_base: bool = True, **overrides):

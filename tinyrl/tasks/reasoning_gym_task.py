@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 
+from tinyrl.rewards.guards import answer_blocks
 from tinyrl.tasks import Task, register_task
 
 PROMPT = "{question}\n\nGive your final answer inside <answer></answer> tags."
 EVAL_SEED_OFFSET = 1_000_003  # held-out rows come from seed + this
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def _rg():
@@ -86,7 +85,7 @@ def extract_answer(completion: str) -> str | None:
     >>> extract_answer("so <answer> -4 </answer>"), extract_answer("<answer>1</answer><answer>2</answer>")
     ('-4', None)
     """
-    found = [a for a in _ANSWER.findall(completion) if a.strip()]
+    found = [a for a in answer_blocks(completion) if a.strip()]
     return found[0].strip() if len(found) == 1 else None
 
 

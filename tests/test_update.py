@@ -1,0 +1,110 @@
+"""The update does less work with the same gradient: zero-advantage rows get no forward/backward,
+micro-batches are length-bucketed and cut to their own widths. Checked against the plainest
+update there is: one forward of the whole padded batch through the model's own lm_head (full
+logits), policy_loss, backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinyrl.algo.losses import BatchTotals, policy_loss
+from tinyrl.api import build_trainer
+from tinyrl.update import micro_batches, policy_update, rows_to_compute
+
+
+def reward_half_constant(prompts, completions, **kw):
+    """Half the groups get one reward for every sample (zero advantage), the rest a dense one."""
+    return [1.0 if int(p[0]) % 2 == 0 else float(len(c)) for p, c in zip(prompts, completions)]
+
+
+def trainer(tiny_model_dir, run_root, **extra):
+    o = {"model.name": tiny_model_dir, "log.run_dir": run_root, "log.progress": False, "train.steps": 2,
+         "train.prompts_per_step": 6, "rollout.num_generations": 4, "train.micro_batch_size": 4,
+         "rollout.max_new_tokens": 8, "data.num_train": 64, "data.num_eval": 0, "train.lr": 1e-2,
+         "train.eval_before_after": False, "reward.functions": [f"{__name__}:reward_half_constant"]}
+    o.update(extra)
+    return build_trainer(overrides=o)
+
+
+def plain_gradient(t, batch) -> tuple[float, dict]:
+    """The reference: full batch, full logits, no skipping, no bucketing."""
+    model, a = t.model, t.cfg.algo
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+    attn = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+    P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    logp = torch.log_softmax(logits[:, P - 1: P + T - 1].float() / t.cfg.rollout.temperature, -1)
+    logp = logp.gather(-1, batch.completion_ids[..., None]).squeeze(-1)
+    mask = batch.loss_mask.float()
+    totals = BatchTotals.of(mask, t.cfg.rollout.max_new_tokens)
+    out = policy_loss(logp * mask, batch.old_logprobs, batch.advantages, mask, a, totals=totals,
+                      ref_logp=batch.ref_logprobs)
+    model.zero_grad()
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return float(out.loss), grads
+
+
+def fast_gradient(t, batch):
+    sd = {k: v.clone() for k, v in t.model.state_dict().items() if "lora_" in k}
+    lr = t.optimizer.param_groups[0]["lr"]
+    t.optimizer.param_groups[0]["lr"] = 0.0
+    res = policy_update(t.model, t.optimizer, batch, t.cfg.algo, temperature=t.cfg.rollout.temperature,
+                        micro_batch=t.cfg.train.micro_batch_size, max_grad_norm=1e9,
+                        max_len=t.cfg.rollout.max_new_tokens)
+    t.optimizer.param_groups[0]["lr"] = lr
+    grads = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+    t.model.load_state_dict(sd, strict=False)
+    return res, grads
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"algo.dynamic_sampling": True},
+    {"algo.beta": 0.1},
+    {"algo.recipe": "dr_grpo"},
+], ids=["plain", "dynamic_sampling", "kl", "dr_grpo"])
+def test_skip_and_buckets_give_the_plain_gradient(tiny_model_dir, run_root, extra):
+    t = trainer(tiny_model_dir, run_root, **extra)
+    t.train_step()  # off the initial point: the adapter is not zero, so the KL term acts
+    batch, _ = t.collect_batch()
+    t.reference(batch)
+    t.advantages(batch)
+    res, fast = fast_gradient(t, batch)
+    loss, plain = plain_gradient(t, batch)
+    assert res.stats["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
+    assert fast.keys() == plain.keys()
+    for n in plain:
+        assert torch.allclose(fast[n], plain[n], rtol=1e-4, atol=1e-7), n
+    zero = ~((batch.advantages != 0).any(-1) if batch.advantages.dim() == 2 else batch.advantages != 0)
+    if "algo.beta" in extra or extra.get("algo.dynamic_sampling"):
+        assert res.rows.numel() == batch.num_rows - (0 if "algo.beta" in extra else int(zero.sum()))
+    else:
+        assert zero.any() and res.rows.numel() == batch.num_rows - int(zero.sum())  # rows really were skipped
+
+
+def test_zero_advantage_rows_get_no_backward_but_keep_their_entropy(tiny_model_dir, run_root):
+    t = trainer(tiny_model_dir, run_root)
+    batch, _ = t.collect_batch()
+    t.advantages(batch)
+    rows = rows_to_compute(batch, t.cfg.algo)
+    assert 0 < rows.numel() < batch.num_rows
+    res, _ = fast_gradient(t, batch)
+    m = batch.loss_mask.bool()
+    assert (res.entropy[m] > 0).all()  # every loss token scored, trained or not
+    ref = t._score(batch)
+    assert torch.allclose(res.logprobs[m], ref.logprobs[m], atol=1e-5)
+
+
+def test_micro_batches_are_cut_to_their_own_widths():
+    from types import SimpleNamespace
+
+    pm = torch.tensor([[0, 0, 1], [1, 1, 1], [0, 1, 1], [0, 0, 1]])
+    cm = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    b = SimpleNamespace(prompt_mask=pm, completion_mask=cm, prompt_ids=pm)
+    mbs = micro_batches(b, torch.arange(4), 2)
+    assert [mb.rows.tolist() for mb in mbs] == [[1, 2], [0, 3]]  # longest first, similar lengths together
+    assert [(mb.prompt_start, mb.completion_end) for mb in mbs] == [(0, 4), (2, 1)]

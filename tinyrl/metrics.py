@@ -1,0 +1,105 @@
+"""One step's metrics row (metrics.jsonl) and its samples (samples.jsonl), from the step's batch.
+
+A metric name means one quantity, and a quantity that was not measured is absent (or null),
+never 0. Token statistics count the tokens the policy sampled (`Rollouts.action_mask`): tool
+observations spliced into an agent's completion are not the policy's and never count.
+
+    entropy, entropy_p10/p90   token entropy of the policy before the update, over the loss tokens
+    rollout_trainer_k3         KL(rollout engine || trainer) per token (k3) on those tokens: the
+    rollout_trainer_maxdiff    stale-weights canary (the engine must sample from the trained weights)
+    update_rows_skipped_frac   rows the update did not train on (zero advantage, no other term)
+    update_kl                  KL(pi_old || pi_new) per token, re-scored after the update (Trainer.measure_update)
+    ref_kl / pass_kl           KL(pi || reference) / KL(pi_old || pi) inside the loss (tinyrl.algo.losses)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tinyrl.algo.losses import kl_penalty
+
+
+def _clean(row: dict) -> dict:
+    """NaN and inf become null: strict JSON readers reject them, and they mean "not measured"."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def step_metrics(trainer, batch, first, last, extra: dict, dt: float, t_gen: float) -> dict:
+    """`first` is the first pass over the batch (the sampling policy's logprobs and entropies),
+    `last` the last (its loss stats: clip fractions are 0 by construction with one pass)."""
+    valid = ~torch.isnan(batch.rewards)
+    action = batch.action_mask.float()
+    n_act = float(action.sum())
+    out = {
+        "step": trainer.step,
+        "reward_mean": float(batch.rewards[valid].mean()) if valid.any() else None,
+        "reward_std": float(batch.rewards[valid].std()) if valid.sum() > 1 else None,
+        **{f"reward/{k}": float(torch.nanmean(v)) for k, v in batch.reward_components.items()},
+        "loss": last.stats.get("loss", float("nan")),
+        **{k: v for k, v in last.stats.items() if k not in ("loss", "entropy")},
+        "grad_norm": first.grad_norm,
+        "skipped_nonfinite": bool(first.skipped or last.skipped),
+        "skipped_steps_total": trainer.skipped_steps,
+        "skipped_no_signal": bool(last.no_signal),
+        "update_rows_skipped_frac": 1.0 - first.rows.numel() / max(first.num_rows, 1),
+        "completion_len": n_act / max(batch.num_rows, 1),
+        "truncated_frac": float(batch.truncated.float().mean()),
+        "lr": trainer.optimizer.param_groups[0]["lr"],
+        "micro_batch_now": trainer.micro_batch,
+        "oom_retries_total": trainer.oom_retries,
+        "step_time": dt,
+        "gen_time": t_gen,
+        "tokens_per_s": n_act / dt if dt > 0 else 0.0,
+        **_policy_token_stats(batch, first),
+        **_agent_stats(batch),
+        **extra,
+    }
+    return _clean(out)
+
+
+def _policy_token_stats(batch, first) -> dict:
+    """Entropy and the rollout-vs-trainer canary over the loss tokens (the first pass scores them all)."""
+    m = (batch.loss_mask * batch.action_mask).bool()
+    if not m.any():
+        return {}
+    ent = first.entropy[m]
+    d = kl_penalty(batch.sampling_logprobs[m], first.logprobs[m])
+    diff = (batch.sampling_logprobs[m] - first.logprobs[m]).abs()
+    return {"entropy": float(ent.mean()), "entropy_p10": float(torch.quantile(ent, 0.1)),
+            "entropy_p90": float(torch.quantile(ent, 0.9)),
+            "rollout_trainer_k3": float(d.mean()), "rollout_trainer_maxdiff": float(diff.max())}
+
+
+def _agent_stats(batch) -> dict:
+    """Multi-turn rollouts only: tool use per trajectory (absent for single-turn batches)."""
+    info = getattr(batch, "trajectories", None)
+    if not info or not any(info):
+        return {}
+    n = len(info)
+    calls = sum(t.get("tool_calls", 0) for t in info)
+    errors = sum(t.get("tool_errors", 0) for t in info)
+    obs = float(batch.observation_mask.sum())
+    real = float(batch.completion_mask.sum())
+    return {"tool_calls_per_traj": calls / n,
+            "turns_mean": sum(t.get("turns", 0) for t in info) / n,
+            "max_turns_frac": sum(bool(t.get("hit_max_turns")) for t in info) / n,
+            "obs_token_frac": obs / real if real else 0.0,
+            "tool_error_rate": errors / calls if calls else 0.0}
+
+
+def samples_of(batch, step: int, k: int) -> list[dict]:
+    """The first k rows of the batch as samples.jsonl rows (with the turn structure of agent rows)."""
+    k = min(k, batch.num_rows)
+    info = getattr(batch, "trajectories", None) or [None] * batch.num_rows
+    out = []
+    for i in range(k):
+        r = float(batch.rewards[i])
+        row = {"step": step, "prompt": batch.prompts[i], "completion": batch.completions[i],
+               "reward": None if math.isnan(r) else r,
+               **{f"reward/{n}": float(v[i]) for n, v in batch.reward_components.items()}}
+        if info[i]:
+            row["turns"] = info[i].get("turn_log", [])
+        out.append(_clean(row))
+    return out

@@ -1,0 +1,170 @@
+"""Multi-turn tool rollouts: generate, call a tool, splice its observation in, generate again.
+
+`AgentEngine` wraps any engine with `sample(contexts, params, n, greedy, max_new)` (HF, vLLM)
+and is itself a `RolloutEngine`: the trainer cannot tell its batches from single-turn ones.
+Each trajectory is one `Rollouts` row whose completion is every token after the prompt:
+
+    [model turn 1] [observation 1] [model turn 2] [observation 2] ... [final turn]
+
+- Exact ids: the model's tokens are the sampled ids, the observations are the tokenised
+  observation text; nothing is ever re-tokenised from the joined text (that changes ids at the
+  seams and breaks the policy ratio). `observation_mask` marks the observation tokens: they
+  carry logprob 0 and are left out of the loss (unless `agent.mask_observations` is off: the
+  ablation), of every token statistic and of length shaping.
+- Turns: a model turn ends at a tool-call end tag (`fmt.stop`), a final-answer end tag
+  (`fmt.final`), EOS or the budget. After a tool call the environment runs it and the
+  observation (cut to `agent.max_obs_tokens`) is appended; at most `agent.max_turns` tool
+  calls, then a trajectory that still calls a tool ends there (`hit_max_turns`). The whole
+  trajectory stays within `rollout.max_new_tokens`; running out of it is truncation.
+- Batched per turn: every live trajectory's next turn is one `sample` call, however many there
+  are; tool calls of a turn run concurrently (a slow tool does not serialise the batch).
+- Failures never crash: the environment turns a tool that raises, hangs or is unknown into a
+  fixed observation with an error kind, counted in `trajectories[i]["tool_errors"]`.
+
+The call format (`fmt`: stop, final, parse, observation) and the environments (one per
+trajectory, `env_factory(row)` with `reset(row)` and `step(calls)`) come from `tinyrl.agents`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from tinyrl.rollout.base import Rollouts, SamplingParams, pack_rollouts
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    row: dict
+    env: object
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    obs: list[int] = field(default_factory=list)  # 1 on observation tokens
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    hit_max_turns: bool = False
+    truncated: bool = False
+    done: bool = False
+    log: list[dict] = field(default_factory=list)
+
+    def add(self, ids: list[int], logprobs: list[float] | None, observation: bool) -> None:
+        self.ids += ids
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.obs += [int(observation)] * len(ids)
+
+    def info(self) -> dict:
+        return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+                "hit_max_turns": self.hit_max_turns, "turn_log": self.log}
+
+
+class AgentEngine:
+    """A RolloutEngine that runs multi-turn tool episodes on top of a sampling engine."""
+
+    def __init__(self, inner, tokenizer, fmt, env_factory, agent_cfg, workers: int = 8):
+        self.inner, self.tokenizer, self.fmt, self.env_factory, self.cfg = inner, tokenizer, fmt, env_factory, agent_cfg
+        self.workers = workers
+
+    # ------------------------------------------------------------------ RolloutEngine
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams,
+                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
+        tok = self.tokenizer
+        cols = columns if columns is not None else [{} for _ in prompts]
+        prompt_ids = tok(list(prompts), add_special_tokens=False)["input_ids"]
+        trajs = [self._start(prompt_ids[i], cols[i]) for i in range(len(prompts)) for _ in range(n)]
+        turn_params = replace(params, stop=list(dict.fromkeys([*self.fmt.stop, *self.fmt.final, *params.stop])))
+        budget = params.max_new_tokens
+        # the first turn shares each prompt's prefill over its n samples
+        first = self.inner.sample(prompt_ids, turn_params, n=n, greedy=greedy)
+        self._advance(trajs, [s for group in first for s in group], budget)
+        while any(not t.done for t in trajs):
+            live = [t for t in trajs if not t.done]
+            out = self.inner.sample([t.prompt_ids + t.ids for t in live], turn_params, n=1, greedy=greedy,
+                                    max_new=[budget - len(t.ids) for t in live])
+            self._advance(live, [g[0] for g in out], budget)
+        batch = pack_rollouts(tok, [t.prompt_ids for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
+                              [t.truncated for t in trajs], [i // n for i in range(len(trajs))],
+                              [prompts[i // n] for i in range(len(trajs))], [t.row for t in trajs],
+                              observation=[t.obs for t in trajs], trajectories=[t.info() for t in trajs])
+        if not self.cfg.mask_observations:  # the ablation: observation tokens trained on as if sampled
+            batch.loss_mask = batch.completion_mask.clone()
+        return batch
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def sync(self, model) -> None:
+        self.inner.sync(model)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    # ------------------------------------------------------------------ turns
+
+    def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
+        env = self.env_factory(row)
+        env.reset(row)
+        return Trajectory(list(prompt_ids), row, env)
+
+    def _advance(self, trajs: list[Trajectory], samples, budget: int) -> None:
+        """Append each trajectory's new turn; run the tool calls of those that made one."""
+        calling = []
+        for t, s in zip(trajs, samples):
+            t.add(s.token_ids, s.logprobs, observation=False)
+            t.turns += 1
+            text = self.tokenizer.decode(s.token_ids, skip_special_tokens=True)
+            entry = {"role": "assistant", "text": text}
+            t.log.append(entry)
+            # generation stops at the first stop string, so a tool tag in the text is the one that ended it
+            made_call = s.finish == "stop" and any(x in text for x in self.fmt.stop)
+            if not made_call:
+                t.done, t.truncated = True, s.finish == "length" or len(t.ids) >= budget
+            elif t.tool_calls >= self.cfg.max_turns:
+                t.done, t.hit_max_turns = True, True
+            elif len(t.ids) >= budget:
+                t.done, t.truncated = True, True
+            else:
+                calling.append((t, entry, text))
+        if not calling:
+            return
+        with ThreadPoolExecutor(max_workers=min(self.workers, len(calling))) as pool:
+            results = list(pool.map(lambda c: self._call_tools(c[0], c[2]), calling))
+        for (t, entry, _), (calls, res) in zip(calling, results):
+            self._observe(t, entry, calls, res, budget)
+
+    def _call_tools(self, t: Trajectory, text: str):
+        calls = self.fmt.parse(text)
+        if not calls:
+            from tinyrl.agents import ToolResult  # the toolkit the formats and environments come from
+
+            return [], [ToolResult("could not read a tool call in that turn", "parse_error")]
+        return calls, t.env.step(calls)
+
+    def _observation_ids(self, results) -> list[int]:
+        """The observation's tokens, at most `agent.max_obs_tokens`: the tool texts are shortened so the
+        format's wrapper (e.g. the closing `</information>`) survives; a hard cut only as a last resort.
+        (Observation text is tokenised here for the first time: it was never sampled.)"""
+        limit = self.cfg.max_obs_tokens
+        for _ in range(6):
+            ids = self.tokenizer(self.fmt.observation(results, self.tokenizer), add_special_tokens=False)["input_ids"]
+            if len(ids) <= limit:
+                return ids
+            keep = limit / len(ids) * 0.9
+            results = [replace(r, text=r.text[: int(len(r.text) * keep)]) for r in results]
+        return ids[:limit]
+
+    def _observe(self, t: Trajectory, entry: dict, calls, results, budget: int) -> None:
+        t.tool_calls += max(len(calls), 1)
+        t.tool_errors += sum(r.error is not None for r in results)
+        entry["calls"] = [{"name": c.name, "arguments": c.arguments} for c in calls]
+        ids = self._observation_ids(results)[: max(budget - len(t.ids), 0)]
+        t.add(ids, None, observation=True)
+        t.log.append({"role": "tool", "text": self.tokenizer.decode(ids, skip_special_tokens=True),
+                      "errors": [r.error for r in results if r.error is not None]})
+        if len(t.ids) >= budget:
+            t.done, t.truncated = True, True
