@@ -141,12 +141,11 @@ def child(spec: dict) -> dict:
             out = fn(*a, **k)
             peaks[name] = max(peaks[name], _status("VmHWM"))
             if name == "rollout":
-                batch = out[0]
-                shapes.append((batch.prompt_ids.shape[1], batch.completion_ids.shape[1]))
+                shapes.append((out.prompt_ids.shape[1], out.completion_ids.shape[1]))
             return out
         return wrapped
 
-    trainer.rollout = phase("rollout", trainer.rollout)
+    trainer.generate = phase("rollout", trainer.generate)
     T.policy_update = phase("update", T.policy_update)
     no_signal = 0
     for _ in range(spec["steps"]):

@@ -247,11 +247,11 @@ def grpo_case(name: str, model: str, overrides: dict, ctx) -> dict:
             s, out = _time(lambda: fn(*a, **k), cuda)
             times[key].append(s)
             if key == "rollout_s":
-                shapes.append((out[0].prompt_ids.shape[1], out[0].completion_ids.shape[1]))
+                shapes.append((out.prompt_ids.shape[1], out.completion_ids.shape[1]))
             return out
         return wrapped
 
-    trainer.rollout = timed("rollout_s", trainer.rollout)
+    trainer.generate = timed("rollout_s", trainer.generate)
     update = T.policy_update
     T.policy_update = timed("update_s", update)
     if cuda:

@@ -538,6 +538,24 @@ def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:
     return data
 
 
+def _profile_fields(name: str, profile) -> dict[str, Any]:
+    """A profile as dotted fields: `{section: {field: value}}` and `{"section.field": value}` alike.
+
+    Only the section level is opened: a field whose value is a mapping (data.task_args) is
+    replaced as a whole, as it is by an override. (Issue 15 owns the profiles mechanism; this
+    is the reading the shipped GPU presets rely on.)"""
+    if not isinstance(profile, dict):
+        raise ConfigError(f"profile {name!r}: must be a mapping of sections (train: {{...}}) or dotted "
+                          f"fields (train.lr: ...), got {type(profile).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in profile.items():
+        if "." not in str(key) and isinstance(value, dict):
+            out.update({f"{key}.{field}": v for field, v in value.items()})
+        else:
+            out[str(key)] = value
+    return out
+
+
 def load_config(
     preset: str | Path | None = None,
     overrides: dict[str, Any] | list[str] | None = None,
@@ -553,7 +571,7 @@ def load_config(
     if profile is not None:
         if profile not in profiles:
             raise ConfigError(f"--profile {profile!r}: this preset defines {sorted(profiles) or 'no profiles'}")
-        apply_overrides(data, profiles[profile])
+        apply_overrides(data, _profile_fields(profile, profiles[profile]))
     if overrides:
         apply_overrides(data, overrides)
     return name, config_from_dict(data)

@@ -34,7 +34,7 @@ def read_rows(path: str | Path) -> list[dict]:
     """Rows of one GSM8K-format file (.jsonl or .parquet); each must have `question` and `answer`."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"gsm8k: data file not found: {path}")
+        raise ValueError(f"gsm8k: data file not found: {path} (data.task_args.path)")
     if path.suffix == ".jsonl":
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     elif path.suffix == ".parquet":
@@ -63,7 +63,7 @@ def _read_parquet(path: Path) -> list[dict]:
 
         return pd.read_parquet(path).to_dict("records")
     except ImportError as e:
-        raise ImportError("gsm8k: reading .parquet needs pyarrow (pip install pyarrow), or give a .jsonl file") from e
+        raise ValueError("gsm8k: reading .parquet needs pyarrow (pip install pyarrow), or give a .jsonl file") from e
 
 
 def _find(folder: Path, stem: str) -> Path | None:
@@ -84,7 +84,7 @@ def _files(path: str | None, test_path: str | None) -> tuple[Path, Path | None]:
     if p.is_dir():
         train = _find(p, "train")
         if train is None:
-            raise FileNotFoundError(f"gsm8k: no train*.jsonl or train*.parquet in {p} (or {p / 'main'})")
+            raise ValueError(f"gsm8k: no train*.jsonl or train*.parquet in {p} (or {p / 'main'})")
         return train, Path(test_path).expanduser() if test_path else _find(p, "test")
     return p, Path(test_path).expanduser() if test_path else None
 

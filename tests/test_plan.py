@@ -1,0 +1,279 @@
+"""The memory planner (issue 18): its formulas against real tensors, and `tinyrl plan` on every preset.
+
+What is measured here is real: parameter counts and bytes of models built from a config,
+peft's trainable LoRA parameters, the bytes autograd saves in a forward of the decoder stack
+(collected with torch.autograd.graph.saved_tensors_hooks, each storage counted once), and the
+KV cache a transformers forward actually allocates. Peak RSS against the plan is in
+benchmarks/memory_validation.py and docs/memory.md (RSS is a benchmark, not a test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tinyrl.config import list_presets, load_config, read_preset
+from tinyrl.errors import ConfigError
+from tinyrl.planner import ARCHITECTURES, GPUS, build, kv_cache_bytes, largest, parse_memory, plan_config
+from tinyrl.planner import memory as M
+from tinyrl.planner.arch import from_config, resolve_arch
+from tinyrl.planner.plan import setup_from_config
+
+
+def llama_cfg(**kw):
+    from transformers import LlamaConfig
+
+    base = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0,
+                eos_token_id=1, bos_token_id=None)
+    return LlamaConfig(**{**base, **kw})
+
+
+def qwen_cfg(**kw):
+    from transformers import Qwen2Config
+
+    base = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0,
+                eos_token_id=1, bos_token_id=None)
+    return Qwen2Config(**{**base, **kw})
+
+
+def build_model(cfg, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(dtype)
+
+
+def setup_for(arch, **kw):
+    base = dict(arch=arch, device="cpu", dtype_bytes=4, load_in_4bit=False, lora_r=8, targets=M.LINEAR_NAMES,
+                gradient_checkpointing=False, prompts=2, generations=4, micro_batch=8, prompt_tokens=24,
+                new_tokens=40, engine="hf")
+    return M.Setup(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------- weights and LoRA
+
+
+@pytest.mark.parametrize("make", [llama_cfg, qwen_cfg], ids=["llama-untied", "qwen2-tied-qkv-bias"])
+def test_parameter_count_and_bytes_match_a_built_model(make):
+    cfg = make()
+    arch = from_config(cfg.to_dict(), name="t")
+    for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
+        model = build_model(cfg, dtype)
+        params = {p.data_ptr(): p for p in model.parameters()}  # tied weights once
+        assert arch.num_params == sum(p.numel() for p in params.values())
+        s = setup_for(arch, dtype_bytes=nbytes)
+        assert sum(M.weight_bytes(s).values()) == sum(p.numel() * p.element_size() for p in params.values())
+
+
+def test_offline_table_matches_qwen_configs_built_by_transformers():
+    """Qwen2.5-0.5B's table entry built as a transformers model (meta device: no memory) has its
+    published parameter count (494,032,768)."""
+    from transformers import AutoModelForCausalLM
+
+    a = ARCHITECTURES["qwen2.5-0.5b-instruct"]
+    cfg = qwen_cfg(vocab_size=a.vocab_size, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size,
+                   num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert sum(p.numel() for p in model.parameters()) == a.num_params == 494_032_768
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"], ["down_proj", "lm_head"]])
+def test_lora_parameter_count_matches_peft(targets):
+    from tinyrl.model import add_lora
+
+    cfg = llama_cfg()
+    arch = from_config(cfg.to_dict())
+    model = add_lora(build_model(cfg), SimpleNamespace(r=8, alpha=16, dropout=0.0, target_modules=targets))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    s = setup_for(arch, targets=M.resolve_targets(targets, arch))
+    assert M.lora_params(s) == trainable
+
+
+# --------------------------------------------------------------------------- activations and KV cache
+
+
+def saved_bytes(fn) -> int:
+    """Bytes autograd saves while `fn` runs, each storage once (views of one tensor share it)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(seen.values()), out
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient-checkpointing"])
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_saved_activations_match_autograd(checkpointing, targets):
+    """The trunk's saved tensors in a forward of the decoder stack, as the update runs it (left-padded
+    rows, frozen base, LoRA): the planner's count within 15% of what autograd holds."""
+    from tinyrl.model import add_lora, trunk_of
+
+    cfg = llama_cfg(num_hidden_layers=3)
+    arch = from_config(cfg.to_dict())
+    model = add_lora(build_model(cfg), SimpleNamespace(r=8, alpha=16, dropout=0.0, target_modules=targets),
+                     gradient_checkpointing=checkpointing)
+    model.train()
+    rows, S = 6, 48
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 300, (rows, S), generator=g)
+    attn = torch.ones(rows, S, dtype=torch.long)
+    attn[:3, :5] = 0  # left padding on half the rows
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    measured, hidden = saved_bytes(lambda: trunk_of(model)(input_ids=ids, attention_mask=attn, position_ids=pos,
+                                                            use_cache=False).last_hidden_state)
+    hidden.sum().backward()  # the graph is real: it runs backward
+    s = setup_for(arch, targets=M.resolve_targets(targets, arch), gradient_checkpointing=checkpointing,
+                  prompt_tokens=16, new_tokens=S - 16)
+    predicted = M.trunk_activation_bytes(s, rows)
+    assert abs(predicted - measured) / measured < 0.15, (predicted, measured)
+
+
+def test_activations_grow_with_rows_and_length_and_checkpointing_saves():
+    a = ARCHITECTURES["qwen2.5-1.5b-instruct"]
+    s = setup_for(a, dtype_bytes=2, prompt_tokens=256, new_tokens=512)
+    one, two = M.trunk_activation_bytes(s, 1), M.trunk_activation_bytes(s, 2)
+    longer = M.trunk_activation_bytes(dataclasses.replace(s, new_tokens=1024), 1)
+    ckpt = M.trunk_activation_bytes(dataclasses.replace(s, gradient_checkpointing=True), 1)
+    assert 0 < one < two <= 2 * one + 1 and one < longer and ckpt < one / 4
+
+
+def test_kv_cache_formula_matches_a_transformers_forward():
+    """2 x layers x kv_heads x head_dim x bytes x tokens: the DynamicCache a real forward builds."""
+    cfg = qwen_cfg(num_hidden_layers=3, num_key_value_heads=2)
+    arch = from_config(cfg.to_dict())
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(2, 300, (5, 37)), use_cache=True)
+    cache = out.past_key_values
+    nbytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert kv_cache_bytes(arch, 5, 37, 4) == nbytes
+    # vLLM rounds each sequence up to 16-token blocks
+    assert kv_cache_bytes(arch, 5, 37, 4, block=16) == kv_cache_bytes(arch, 5, 48, 4)
+
+
+def test_nf4_size_is_half_a_byte_per_weight_plus_its_scales():
+    n = 4864 * 896
+    assert n // 2 < M.nf4_bytes(n) < n // 2 + n // 64 + 2048  # 4 bits + one uint8 absmax per 64 + tables
+    assert M.nf4_bytes(n, double_quant=False) > M.nf4_bytes(n)  # fp32 absmax costs more than uint8
+
+
+# --------------------------------------------------------------------------- plans of every preset
+
+
+def preset_cases():
+    out = []
+    for name in list_presets():
+        profiles = (read_preset(name)[1].get("profiles") or {})
+        out += [(name, None)] + [(name, p) for p in profiles]
+    return out
+
+
+@pytest.mark.parametrize("preset,profile", preset_cases())
+def test_plan_of_every_preset_and_profile(preset, profile):
+    """Values positive; the peak grows with micro-batch, generations and length; the verdict flips
+    where memory runs out, and `largest` finds the edge."""
+    from tinyrl.planner.report import budget_for
+    from tinyrl.planner.gpus import world_size_of
+
+    _, cfg = load_config(preset, profile=profile)
+    device, budget, _ = budget_for(cfg, None, None, profile)
+    p = plan_config(cfg, device, budget, world_size=world_size_of(profile))
+    assert all(r.bytes >= 0 for r in p.rows) and p.peak > 0 and all(v > 0 for v in p.phases.values())
+    s = p.setup
+    grow = [dataclasses.replace(s, micro_batch=min(2 * s.micro_batch, s.rows * 2), prompts=2 * s.prompts),
+            dataclasses.replace(s, generations=2 * s.generations), dataclasses.replace(s, new_tokens=2 * s.new_tokens)]
+    for bigger in grow:
+        assert build(bigger, budget).allocated_peak > p.allocated_peak
+    if device == "cuda":  # the shipped GPU presets fit the card their profile names
+        assert p.fits, (preset, profile, p.peak / 2**30, p.budget / 2**30, p.problems)
+    tight = build(s, int(p.peak * 0.9))
+    assert not tight.fits and build(s, int(p.peak * 1.01) + 1).fits == (not p.problems)
+    g = largest(s, budget, "generations", hi=4 * s.generations)
+    if g is not None and p.fits:
+        assert g >= s.generations and build(dataclasses.replace(s, generations=g), budget).fits
+
+
+def test_largest_is_the_edge():
+    a = ARCHITECTURES["qwen2.5-0.5b-instruct"]
+    s = setup_for(a, device="cuda", dtype_bytes=2, prompts=8, generations=8, micro_batch=8, prompt_tokens=256,
+                  new_tokens=512, gradient_checkpointing=True)
+    budget = 12 * 2**30
+    n = largest(s, budget, "new_tokens", hi=32768)
+    assert n and build(dataclasses.replace(s, new_tokens=n), budget).fits
+    assert not build(dataclasses.replace(s, new_tokens=n + 1), budget).fits
+    mb = largest(s, budget, "micro_batch")
+    assert mb and s.rows % mb == 0 and build(dataclasses.replace(s, micro_batch=mb), budget).fits
+
+
+def test_vllm_settings_hold_the_whole_rollout_on_a_big_card_and_wave_on_a_small_one():
+    from tinyrl.planner.plan import vllm_settings_for
+
+    a = ARCHITECTURES["qwen2.5-1.5b-instruct"]
+    s = setup_for(a, device="cuda", dtype_bytes=2, engine="vllm", prompts=16, generations=8, micro_batch=16,
+                  prompt_tokens=256, new_tokens=1024, gradient_checkpointing=True)
+    util, seqs = vllm_settings_for(s, GPUS["H100"])
+    assert 0 < util < 0.9 and seqs == s.rows
+    assert util * GPUS["H100"] >= kv_cache_bytes(a, s.rows, s.seq, 2, block=16) + a.num_params * 2
+    small_util, small_seqs = vllm_settings_for(dataclasses.replace(s, generations=64), GPUS["T4"])
+    assert small_seqs < 16 * 64 and small_util <= 1
+
+
+def test_trainer_settings_come_from_the_plan_not_the_fixed_default():
+    """vllm_settings(cfg, card) is what make_llm passes to vLLM on CUDA: it changes with the card."""
+    from tinyrl.planner import vllm_settings
+
+    _, cfg = load_config("qwen2.5-1.5b_grpo_math_gpu", profile="24gb")
+    u24, n24 = vllm_settings(cfg, GPUS["L4"], prompt_tokens=200)
+    u80, n80 = vllm_settings(cfg, GPUS["H100"], prompt_tokens=200)
+    assert u80 < u24 < 1 and n24 >= 1 and n80 >= n24
+
+
+def test_arch_from_the_shipped_model_reads_its_config_json():
+    a = resolve_arch("tiny-arith")
+    assert "config.json" in a.source and a.hidden_size == 128 and a.num_layers == 2
+    assert "offline table" in resolve_arch("Qwen/Qwen2.5-7B-Instruct").source
+    with pytest.raises(ValueError, match="offline table"):
+        resolve_arch("nobody/unknown-model")
+
+
+def test_memory_strings():
+    assert parse_memory("24GB") == 24 * 2**30 and parse_memory("16GiB") == 16 * 2**30
+    with pytest.raises(ConfigError, match="--gpu-mem"):
+        parse_memory("lots")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "tinyrl.cli", "plan", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_plan_prints_the_table_and_the_verdict():
+    out = cli("qwen2.5-0.5b_grpo_math_gpu", "--gpu", "4090", "--prompt-len", "200")
+    assert out.returncode == 0, out.stderr
+    for words in ("base weights", "LoRA r=", "activations", "fused loss", "vLLM KV cache", "CUDA context",
+                  "verdict: FITS", "largest that fit", "rollout.num_generations="):
+        assert words in out.stdout, words
+
+
+def test_cli_plan_exit_1_when_it_does_not_fit_and_2_on_a_bad_card():
+    out = cli("qwen2.5-7b_grpo_math_gpu", "--gpu-mem", "8GB", "--prompt-len", "200", "--no-search",
+              "model.load_in_4bit=false", "rollout.engine=hf")
+    assert out.returncode == 1 and "DOES NOT FIT" in out.stdout
+    bad = cli("tiny_grpo_cpu", "--gpu", "Z80")
+    assert bad.returncode == 2 and "--gpu 'Z80': must be one of" in bad.stderr and "Traceback" not in bad.stderr
