@@ -154,17 +154,34 @@ def saved_per_token_layer(s: Setup) -> int:
     return out
 
 
-def trunk_activation_bytes(s: Setup, rows: int) -> int:
-    """Saved activations of one micro-batch of `rows` sequences through the decoder stack."""
+def forward_saved_bytes(s: Setup, rows: int) -> int:
+    """What autograd holds after the forward of one micro-batch of `rows` sequences through the decoder
+    stack (the update's `completion_hidden`): every layer's saved tensors, or with gradient
+    checkpointing only each layer's input. Measured tensor by tensor in tests/test_plan.py."""
     a, d, S = s.arch, s.act_bytes, s.seq
     tokens = rows * S
-    shared = rows * S * S * d + 2 * S * a.head_dim * d  # the [rows, 1, S, S] mask, rope cos/sin
     final_norm = tokens * (4 * a.hidden_size + 4)
-    layer = saved_per_token_layer(s) * tokens
     if s.gradient_checkpointing:  # layer inputs only; backward recomputes one layer at a time
-        return a.num_layers * tokens * a.hidden_size * d + final_norm + layer + shared
+        return a.num_layers * tokens * a.hidden_size * d + final_norm
     first = tokens * (4 * a.hidden_size + 4)  # layer 0's input needs no grad: its norm saves nothing
-    return a.num_layers * layer - first + final_norm + shared
+    return a.num_layers * saved_per_token_layer(s) * tokens - first + final_norm
+
+
+def recompute_bytes(s: Setup, rows: int) -> int:
+    """Gradient checkpointing: one layer's saved tensors, rebuilt during its backward (0 without)."""
+    return saved_per_token_layer(s) * rows * s.seq if s.gradient_checkpointing else 0
+
+
+def shared_bytes(s: Setup, rows: int) -> int:
+    """The [rows, 1, S, S] attention mask and rope's cos/sin that every layer reads (one copy)."""
+    a, d, S = s.arch, s.act_bytes, s.seq
+    return rows * S * S * d + 2 * rows * S * a.head_dim * d
+
+
+def trunk_activation_bytes(s: Setup, rows: int) -> int:
+    """Activation memory of one micro-batch at its peak in the update: the forward's saved tensors,
+    the recomputed layer (checkpointing), and the mask + rope tables they share."""
+    return forward_saved_bytes(s, rows) + recompute_bytes(s, rows) + shared_bytes(s, rows)
 
 
 def backward_transient_bytes(s: Setup, rows: int) -> int:

@@ -18,6 +18,7 @@ from tinyrl.planner.arch import resolve_arch
 log = logging.getLogger("tinyrl.planner")
 SLACK = 0.10  # CUDA caching-allocator fragmentation: reserved over allocated (typical 5-15%)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+EVAL_BATCH = 64  # tinyrl.evaluation.accuracy: held-out prompts per engine call
 TYPICAL_PROMPT_TOKENS = {"gsm8k": 256, "arithmetic": 8, "reasoning_gym": 96, "jsonl": 256}
 
 
@@ -70,7 +71,7 @@ def setup_from_config(cfg, device: str, world_size: int = 1, prompt_tokens: int 
         micro_batch=cfg.train.micro_batch_size,
         prompt_tokens=prompt_tokens or TYPICAL_PROMPT_TOKENS.get(cfg.data.task, 256),
         new_tokens=cfg.rollout.max_new_tokens, engine=cfg.rollout.engine, chunk_size=cfg.algo.chunk_size,
-        loss_impl=impl, eval_rows=64 if (cfg.train.eval_before_after and cfg.data.num_eval > 0) else 0)
+        loss_impl=impl, eval_rows=min(EVAL_BATCH, cfg.data.num_eval) if cfg.train.eval_before_after else 0)
 
 
 # --------------------------------------------------------------------------- rows
