@@ -70,7 +70,7 @@ def _resume(path: Path, preset, profile, overrides: dict):
             raise checkpoint.ResumeError(f"--resume {path}: no checkpoint in {run.ckpt_dir} to continue from "
                                          f"(set train.save_every to checkpoint during a run)")
         trainer = Trainer(cfg, run)
-            ckpt = checkpoint.load_latest(trainer, run)
+        ckpt = checkpoint.load_latest(trainer, run)
         changed = config_changes(ckpt.state.get("config") or old, cfg.to_dict())
         if changed:
             log.warning("--resume: the config differs from the one checkpoint %s was trained with: %s",
@@ -109,7 +109,12 @@ def train(preset=None, profile=None, resume=None, **overrides):
     """Train a preset (or continue `resume`, a run folder); returns the finished `Run`.
 
     The run folder gets summary.json and report.txt even when training stops on an error
-    (the stale-weights canary, a crash): the report is most useful exactly then."""
+    (the stale-weights canary, a crash): the report is most useful exactly then.
+    A config with `stages` (sft, grpo, rest_em, star) runs them in order (tinyrl/stages.py)."""
+    from tinyrl.stages import run_stages, staged
+
+    if staged(preset, profile, resume, _split_overrides(overrides)):
+        return run_stages(preset, profile, resume, _split_overrides(overrides))
     trainer = build_trainer(preset, profile, resume, overrides)
     run, error = None, None
     try:

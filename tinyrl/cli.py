@@ -68,6 +68,14 @@ def cmd_train(ns) -> int:
     return 0
 
 
+def cmd_sft(ns) -> int:
+    """`tinyrl sft PRESET [data=FILE]`: `tinyrl train` with stages=[sft]; a bare data=... is sft.data."""
+    ns.args = [f"sft.{a}" if a.startswith("data=") else a for a in ns.args]
+    if ns.resume is None:
+        ns.args.append("stages=[sft]")
+    return cmd_train(ns)
+
+
 def cmd_presets(ns) -> int:
     from tinyrl.config import DEFAULT_PRESET, list_presets
 
@@ -113,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
     t.set_defaults(fn=cmd_train)
+    f = sub.add_parser("sft", help="LoRA/QLoRA SFT through TRL (prompt/completion rows, a run folder's samples, "
+                                   "or the task's answers)")
+    f.add_argument("args", nargs="*", help="[PRESET] [data=FILE|RUN_DIR] [section.field=value ...]")
+    f.add_argument("--profile", help="hardware profile defined in the preset")
+    f.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    f.set_defaults(fn=cmd_sft)
     sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
     e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
     e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")

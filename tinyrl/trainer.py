@@ -71,7 +71,7 @@ class Trainer:
         self.cfg = cfg
         self.run = run
         torch.manual_seed(cfg.train.seed)
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.lora)
+        self.model, self.tokenizer = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if not getattr(self.model, "is_loaded_in_4bit", False):
             self.model.to(self.device)
