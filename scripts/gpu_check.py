@@ -300,6 +300,11 @@ def section_grpo(ctx) -> dict:
         plan = [("tiny-arith", "tiny-arith", {"train.steps": 3}),
                 ("qwen2.5-0.5b-shape", ARCHITECTURES["qwen2.5-0.5b-instruct"], real),
                 ("qwen2.5-1.5b-shape", ARCHITECTURES["qwen2.5-1.5b-instruct"], real)]
+        # where the optional packages are present (not on the bare check machine): QLoRA and vLLM too
+        if "bitsandbytes" not in ctx["missing"]:
+            plan.append(("qlora (nf4)", ARCHITECTURES["qwen2.5-0.5b-instruct"], {**real, "model.load_in_4bit": True}))
+        if "vllm" not in ctx["missing"]:
+            plan.append(("vllm engine", ARCHITECTURES["qwen2.5-0.5b-instruct"], {**real, "rollout.engine": "vllm"}))
     for name, model, over in plan:
         if ctx["left"]() < 45:
             cases.append({"case": name, "skipped": "time budget"})

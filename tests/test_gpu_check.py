@@ -26,6 +26,7 @@ def load_gpu_check():
     return mod
 
 
+@pytest.mark.slow  # ~1 min on 2 loaded cores; the README's test command runs it (CI)
 def test_cpu_dry_run_report(tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", "--shim", "--out", str(out)],

@@ -48,3 +48,15 @@ def test_target_modules_in_unsloths_form():
     assert backend.target_modules("all-linear") == backend.PROJECTIONS
     assert backend.target_modules(["q_proj", "v_proj"]) == ["q_proj", "v_proj"]
     assert backend.target_modules("lm_head") == ["lm_head"]
+
+
+def test_every_unsloth_import_is_in_the_backend_file():
+    from pathlib import Path
+
+    root = Path(backend.__file__).resolve().parents[1]
+    hits = [str(p.relative_to(root)) for p in root.rglob("*.py")
+            if any(line.strip().startswith(("import unsloth", "from unsloth")) for line in p.read_text().splitlines())]
+    assert hits == ["backends/unsloth.py"]
+    out = subprocess.run([sys.executable, "-c", "import tinyrl, tinyrl.model, tinyrl.backends.unsloth, sys; "
+                          "print('unsloth' in sys.modules)"], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
