@@ -302,3 +302,20 @@ def test_cli_plan_exit_1_when_it_does_not_fit_and_2_on_a_bad_card():
     assert out.returncode == 1 and "DOES NOT FIT" in out.stdout
     bad = cli("tiny_grpo_cpu", "--gpu", "Z80")
     assert bad.returncode == 2 and "--gpu 'Z80': must be one of" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("preset", [n for n in list_presets() if n.endswith("_gpu")])
+def test_gpu_preset_header_states_the_planners_estimate(preset):
+    """Each GPU preset's `# Memory:` header gives, per profile, what `tinyrl plan` says (to 0.1 GiB)."""
+    import re
+    from importlib import resources
+
+    from tinyrl.planner.report import run
+
+    header = (resources.files("tinyrl.presets") / f"{preset}.yaml").read_text().split("\ndescription:")[0]
+    stated = {m[0]: float(m[1]) for m in re.findall(r"(\w+) ([0-9.]+) of [0-9]+ GiB", header)}
+    profiles = read_preset(preset)[1]["profiles"]
+    assert set(stated) == set(profiles), (stated, sorted(profiles))
+    for profile, gib in stated.items():
+        plan, _ = run(preset, [], profile=profile, search=False)
+        assert abs(plan.peak / 2**30 - gib) <= 0.051, (profile, plan.peak / 2**30, gib)
