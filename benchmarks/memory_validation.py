@@ -166,7 +166,7 @@ def float_copy(name: str, root: str) -> str:
         code = ("import sys; from types import SimpleNamespace as N; from tinyrl.model import *; "
                 "r = resolve_model(sys.argv[1]); load_tokenizer(r).save_pretrained(sys.argv[2]); "
                 "m = load_base_model(N(dtype='float32', load_in_4bit=False), r); "
-                "m.config.__dict__.pop('quantization_config', None); m.save_pretrained(sys.argv[2])")
+                "m.config.__dict__.pop('quantization_config', None); m.hf_quantizer = None; m.save_pretrained(sys.argv[2])")
         subprocess.run([sys.executable, "-c", code, name, path], check=True, capture_output=True)
     return path
 
