@@ -320,3 +320,22 @@ def test_gpu_preset_header_states_the_planners_estimate(preset):
     for profile, gib in stated.items():
         plan, _ = run(preset, [], profile=profile, search=False)
         assert abs(plan.peak / 2**30 - gib) <= 0.051, (profile, plan.peak / 2**30, gib)
+
+
+def test_preset_base_chain_and_nested_profiles():
+    """`base:` merges the 0.5B preset under the 3B one (profiles key by key); a profile written as
+    {section: {field: value}} sets those fields and keeps the rest of the section."""
+    _, cfg = load_config("qwen2.5-3b_grpo_math_gpu", profile="16gb")
+    assert cfg.model.name == "Qwen/Qwen2.5-3B-Instruct" and cfg.model.load_in_4bit
+    assert cfg.model.dtype == "float16"  # from the base preset's 16gb profile
+    assert cfg.model.gradient_checkpointing and cfg.data.task == "gsm8k"  # the base's, untouched
+    assert (cfg.rollout.engine, cfg.train.micro_batch_size, cfg.lora.r) == ("hf", 4, 16)
+    _, plain = load_config("qwen2.5-3b_grpo_math_gpu")
+    assert not plain.model.load_in_4bit and plain.rollout.engine == "vllm"
+
+
+def test_preset_base_that_loops_is_a_config_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\ntrain: {lr: 0.1}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(tmp_path / "a.yaml")
