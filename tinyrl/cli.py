@@ -116,6 +116,16 @@ def cmd_ui(ns) -> int:
     return 0
 
 
+def cmd_plan(ns) -> int:
+    from tinyrl.planner.report import run
+
+    preset, overrides = _split(ns.args)
+    plan, text = run(preset, overrides, profile=ns.profile, gpu=ns.gpu, gpu_mem=ns.gpu_mem,
+                     prompt_len=ns.prompt_len, search=not ns.no_search)
+    print(text)
+    return 0 if plan.fits else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tinyrl", description="GRPO with LoRA/QLoRA on one GPU or a CPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -136,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
     e.add_argument("--gaia", metavar="METADATA_JSONL", help="score GAIA questions (its metadata.jsonl) with GAIA's scorer")
     e.set_defaults(fn=cmd_eval)
+    pl = sub.add_parser("plan", help="memory plan of a preset on a card: components, verdict, what fits")
+    pl.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
+    pl.add_argument("--profile", help="hardware profile defined in the preset (e.g. 24gb, 8xh100)")
+    pl.add_argument("--gpu", help="T4, L4, A10, 4090, A100-40, A100-80, H100 or H200")
+    pl.add_argument("--gpu-mem", help="card memory, e.g. 24GB (read as GiB)")
+    pl.add_argument("--prompt-len", type=int, help="prompt tokens (default: tokenise the run's prompts)")
+    pl.add_argument("--no-search", action="store_true", help="skip the largest-that-fits search")
+    pl.set_defaults(fn=cmd_plan)
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")
     r.set_defaults(fn=cmd_report)

@@ -543,25 +543,47 @@ def list_presets() -> dict[str, str]:
     return out
 
 
-def read_preset(preset: str | Path | None) -> tuple[str, dict]:
-    """Return (name, raw dict) of a shipped preset name or a YAML file path."""
+def read_preset(preset: str | Path | None, _chain: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """Return (name, raw dict) of a shipped preset name or a YAML file path.
+
+    `base: OTHER` (a shipped name, or a YAML path relative to this file) starts from OTHER's
+    fields: mappings merge key by key (profiles too), any other value replaces the base's."""
     preset = DEFAULT_PRESET if preset is None else str(preset)
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path.stem, _read_preset_file(path, str(path))
-    name = preset[:-5] if preset.endswith(".yaml") else preset
-    entry = _preset_dir() / f"{name}.yaml"
-    if not entry.is_file():
-        if path.is_file():
-            raise ConfigError(f"preset {preset!r}: a preset file's name must end in .yaml or .yml")
-        known = sorted(list_presets())
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
-            f"Shipped presets: {known} (see `tinyrl presets`)."
-        )
-    return name, _read_preset_file(entry, name)
+        name, data, here = path.stem, _read_preset_file(path, str(path)), path.parent
+    else:
+        name = preset[:-5] if preset.endswith(".yaml") else preset
+        entry = _preset_dir() / f"{name}.yaml"
+        if not entry.is_file():
+            if path.is_file():
+                raise ConfigError(f"preset {preset!r}: a preset file's name must end in .yaml or .yml")
+            known = sorted(list_presets())
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
+                f"Shipped presets: {known} (see `tinyrl presets`)."
+            )
+        data, here = _read_preset_file(entry, name), None
+    base = data.pop("base", None)
+    if base is None:
+        return name, data
+    if not isinstance(base, str):
+        raise ConfigError(f"preset {name!r}: base must name a preset (shipped name or YAML path), got {base!r}")
+    if here is not None and base.endswith((".yaml", ".yml")) and (here / base).is_file():
+        base = str(here / base)
+    if name in _chain or base in _chain or Path(base).stem == name:
+        raise ConfigError(f"preset {name!r}: base {base!r} leads back to itself ({' -> '.join(_chain + (name,))})")
+    return name, _merged(read_preset(base, _chain + (name,))[1], data)
+
+
+def _merged(under: dict, over: dict) -> dict:
+    """`over` on top of `under`: mappings merge key by key, any other value replaces."""
+    out = dict(under)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -596,6 +618,24 @@ def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:
     return data
 
 
+def _profile_fields(name: str, profile) -> dict[str, Any]:
+    """A profile as dotted fields: `{section: {field: value}}` and `{"section.field": value}` alike.
+
+    Only the section level is opened: a field whose value is a mapping (data.task_args) is
+    replaced as a whole, as it is by an override. (Issue 15 owns the profiles mechanism; this
+    is the reading the shipped GPU presets rely on.)"""
+    if not isinstance(profile, dict):
+        raise ConfigError(f"profile {name!r}: must be a mapping of sections (train: {{...}}) or dotted "
+                          f"fields (train.lr: ...), got {type(profile).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in profile.items():
+        if "." not in str(key) and isinstance(value, dict):
+            out.update({f"{key}.{field}": v for field, v in value.items()})
+        else:
+            out[str(key)] = value
+    return out
+
+
 def load_config(
     preset: str | Path | None = None,
     overrides: dict[str, Any] | list[str] | None = None,
@@ -611,7 +651,7 @@ def load_config(
     if profile is not None:
         if profile not in profiles:
             raise ConfigError(f"--profile {profile!r}: this preset defines {sorted(profiles) or 'no profiles'}")
-        apply_overrides(data, profiles[profile])
+        apply_overrides(data, _profile_fields(profile, profiles[profile]))
     if overrides:
         apply_overrides(data, overrides)
     return name, config_from_dict(data)

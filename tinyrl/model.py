@@ -257,10 +257,10 @@ def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
     if adapter is not None:
         adapter = resolve_adapter(adapter)  # checked before the (slow) base model load
     resolved = resolve_model(cfg_model.name, cfg_model.gguf_file)
-    if cfg_model.backend == "unsloth":
-        if adapter is not None:
-            raise ModelLoadError("model.adapter is not supported with model.backend 'unsloth' yet")
-        return _load_unsloth(cfg_model, cfg_lora, resolved)
+    if cfg_model.backend == "unsloth":  # every unsloth import lives in tinyrl/backends/unsloth.py
+        from tinyrl.backends import unsloth
+
+        return unsloth.load_policy(cfg_model, cfg_lora, resolved, adapter)
     tok = load_tokenizer(resolved)
     base = load_base_model(cfg_model, resolved)
     if adapter is None:
@@ -303,20 +303,6 @@ def check_adapter_folder(adapter: str) -> None:
         json.loads((path / "adapter_config.json").read_text())
     except (ValueError, OSError) as e:
         raise ModelLoadError(f"--adapter {adapter}: adapter_config.json is corrupt ({e})") from e
-
-
-def _load_unsloth(cfg_model, cfg_lora, resolved):
-    try:
-        from unsloth import FastLanguageModel  # noqa: F401  (GPU-only, optional)
-    except ImportError as e:
-        raise ModelLoadError("model.backend 'unsloth' needs the unsloth extra: pip install 'tinyrl[unsloth]'") from e
-    model, tok = FastLanguageModel.from_pretrained(
-        resolved.path, load_in_4bit=cfg_model.load_in_4bit, dtype=_dtype(cfg_model.dtype))
-    model = FastLanguageModel.get_peft_model(
-        model, r=cfg_lora.r, lora_alpha=cfg_lora.alpha, lora_dropout=cfg_lora.dropout,
-        target_modules=cfg_lora.target_modules if isinstance(cfg_lora.target_modules, list) else None)
-    tok.padding_side = "left"
-    return model, tok
 
 
 def reference_context(model):

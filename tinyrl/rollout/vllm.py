@@ -255,6 +255,10 @@ def make_llm(model_path: str, cfg, seed: int, load_base: bool = True, **override
         enable_sleep_mode=cuda,  # release(): free the KV cache between rollouts (CUDA only)
         enforce_eager=not cuda,  # CPU: no graph capture or compile (a fast start)
     )
+    if cuda:  # the memory plan sizes vLLM's share and batch for this run and card (tinyrl.planner)
+        from tinyrl.planner import vllm_settings
+
+        kw["gpu_memory_utilization"], kw["max_num_seqs"] = vllm_settings(cfg, torch.cuda.get_device_properties(0).total_memory)
     if not load_base:
         kw["load_format"] = "dummy"  # the weights come from the trainer (load_trainer_base)
     if not cuda:  # CPU: size the KV cache for 64 full-length sequences, not a share of host RAM

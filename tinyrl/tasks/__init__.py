@@ -44,4 +44,5 @@ def get_task(name: str) -> Task:
 # Built-in tasks register themselves on import.
 from tinyrl.tasks import arithmetic  # noqa: E402,F401
 from tinyrl.tasks import reasoning_gym_task  # noqa
+from tinyrl.tasks import gsm8k  # noqa
 from tinyrl.tasks import search_qa  # noqa

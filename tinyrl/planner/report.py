@@ -1,0 +1,90 @@
+"""`tinyrl plan PRESET [--gpu NAME | --gpu-mem 24GB] [--profile NAME] [overrides]`: print a plan."""
+
+from __future__ import annotations
+
+from tinyrl.planner import gpus
+from tinyrl.planner import memory as M
+from tinyrl.planner.plan import Plan, largest, plan_config
+
+
+def gib(n: int) -> str:
+    return f"{n / M.GiB:8.2f}"
+
+
+def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_note: str = "") -> str:
+    s = p.setup
+    a = s.arch
+    lines = [f"model   {a.name}: {a.num_params / 1e9:.3f}B params, {a.num_layers} layers, H {a.hidden_size}, "
+             f"kv heads {a.num_kv_heads} x {a.head_dim}, V {a.vocab_size}  ({a.source})",
+             f"run     {s.device}, {'QLoRA nf4' if s.load_in_4bit else 'LoRA'} r={s.lora_r} on "
+             f"{','.join(s.targets)}; {s.prompts} prompts x {s.generations} = {s.rows} completions, "
+             f"micro-batch {s.micro_batch}; prompt {s.prompt_tokens} + {s.new_tokens} new tokens"
+             + (f" (prompt: {prompt_note})" if prompt_note else ""),
+             f"budget  {p.budget_label} = {p.budget / M.GiB:.2f} GiB", "",
+             f"{'component':<64} {'phase':<8} {'GiB':>8}", "-" * 82]
+    for r in p.rows:
+        if r.bytes:
+            lines.append(f"{r.name[:64]:<64} {r.phase:<8} {gib(r.bytes)}" + (f"   {r.note}" if r.note else ""))
+    lines.append("-" * 82)
+    for phase, b in sorted(p.phases.items(), key=lambda kv: kv[1]):
+        lines.append(f"{'peak of phase ' + phase + (' (the peak)' if phase == p.peak_phase else ''):<73} {gib(b)}")
+    if p.context:
+        lines.append(f"{'CUDA context':<73} {gib(p.context)}")
+    if p.slack:
+        lines.append(f"{'allocator slack (10% of the peak phase)':<73} {gib(p.slack)}")
+    lines.append(f"{'total at peak':<73} {gib(p.peak)}")
+    if p.vllm:
+        lines.append(f"vLLM settings: gpu_memory_utilization={p.vllm[0]:.2f}, max_num_seqs={p.vllm[1]}")
+    verdict = "FITS" if p.fits else "DOES NOT FIT"
+    lines.append(f"verdict: {verdict}: {p.peak / M.GiB:.2f} GiB of {p.budget / M.GiB:.2f} GiB "
+                 f"({100 * p.peak / p.budget:.0f}%)")
+    lines += [f"  problem: {x}" for x in p.problems] + [f"  note: {x}" for x in p.notes]
+    if maxima:
+        label = {"micro_batch": "train.micro_batch_size", "generations": "rollout.num_generations",
+                 "new_tokens": "rollout.max_new_tokens"}
+        parts = [f"{label[k]}={'none' if v is None else v}" for k, v in maxima.items()]
+        lines.append("largest that fit (one at a time, the rest as set): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def budget_for(cfg, gpu: str | None, gpu_mem: str | None, profile: str | None) -> tuple[str, int, str]:
+    """(device, bytes, label): --gpu-mem, --gpu, the profile's card, this machine's card, or a guess."""
+    if gpu_mem:
+        return "cuda", gpus.parse_memory(gpu_mem), f"--gpu-mem {gpu_mem}"
+    if gpu:
+        return "cuda", gpus.gpu_bytes(gpu), f"--gpu {gpu}"
+    if profile in gpus.PROFILE_GPUS:
+        card = gpus.PROFILE_GPUS[profile]
+        return "cuda", gpus.GPUS[card], f"{card} (profile {profile})"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return "cuda", props.total_memory, f"this machine's {props.name}"
+    except Exception:  # noqa: BLE001
+        pass
+    if cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32":
+        return "cuda", gpus.GPUS["L4"], "a 24 GB card (L4; no --gpu given)"
+    return "cpu", gpus.host_memory(), "this machine's RAM"
+
+
+def run(preset, overrides: list[str], profile: str | None = None, gpu: str | None = None,
+        gpu_mem: str | None = None, prompt_len: int | None = None, search: bool = True) -> tuple[Plan, str]:
+    """Load the preset (+ profile, overrides), plan it, and return (plan, printable text)."""
+    from tinyrl.config import load_config
+
+    _, cfg = load_config(preset, overrides, profile=profile)
+    device, budget, label = budget_for(cfg, gpu, gpu_mem, profile)
+    note = "--prompt-len" if prompt_len else ""
+    if prompt_len is None:
+        from tinyrl.planner.prompts import measure_prompt_tokens
+
+        found = measure_prompt_tokens(cfg)
+        if found is not None:
+            prompt_len, note = found
+        else:
+            note = f"typical for task {cfg.data.task!r} (data or tokenizer not on disk; --prompt-len to set it)"
+    p = plan_config(cfg, device, budget, label, gpus.world_size_of(profile), prompt_len)
+    maxima = {k: largest(p.setup, budget, k) for k in ("micro_batch", "generations", "new_tokens")} if search else None
+    return p, format_plan(p, maxima, note)
