@@ -88,6 +88,8 @@ def test_crash_mid_checkpoint_leaves_previous_loadable(tiny_model_dir, run_root,
         t.save_checkpoint()
     monkeypatch.setattr(ckpt.torch, "save", real_save)
     assert t.run.latest_checkpoint() == good  # the half-written one is invisible
+    assert [p.name for p in t.run.ckpt_dir.iterdir()] == [good.name]  # and its temp directory is gone
+    t.run.unlock()  # this trainer is done with the folder (train() releases it; a build_trainer caller does)
     t2 = build_trainer(resume=t.run.path, overrides={"log.progress": False})
     assert t2.step == 1
 
@@ -138,3 +140,54 @@ def test_sigterm_saves_a_checkpoint(tiny_model_dir, run_root):
     run = RunDir(Path(run_root) / "term")
     ckpt = run.latest_checkpoint()
     assert ckpt is not None and int(ckpt.name.split("-")[1]) >= 2
+
+
+def _eval_run(run_root, name, steps):
+    o = {"model.name": "tiny-arith", "log.run_dir": run_root, "log.name": name, "log.progress": False,
+         "train.steps": steps, "train.prompts_per_step": 2, "rollout.num_generations": 2, "train.micro_batch_size": 4,
+         "data.num_eval": 700, "rollout.max_new_tokens": 64}  # a held-out evaluation of ~5 s on a CPU to land in
+    return cli([f"{k}={v}" for k, v in o.items()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [
+    signal.SIGINT,
+    signal.SIGTERM,
+], ids=["sigint", "sigterm"])
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_an_interrupt_during_the_held_out_evaluation_is_clean(run_root, sig, phase):
+    """Ctrl-C / SIGTERM while the before- or after-training evaluation runs: exit 130, no traceback,
+    and (after training) the checkpoint and adapter already saved, the folder resumable."""
+    import threading
+
+    proc = _eval_run(run_root, f"eval-{phase}", 1)
+    folder = Path(run_root) / f"eval-{phase}"
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    # before: the trainer is built (its last start-up warning is out) and evaluates first;
+    # after: the final adapter is saved, and the evaluation follows at once
+    loaded: list[float] = []
+
+    def built() -> bool:  # transformers' last start-up warning, or 3 s after the weights loaded
+        if not loaded and any("Loading weights" in ln for ln in lines):
+            loaded.append(time.time())
+        return any("warnings.warn" in ln for ln in lines) or bool(loaded and time.time() > loaded[0] + 3)
+
+    ready = built if phase == "before" else (lambda: (folder / "adapter" / "adapter_model.safetensors").exists())
+    deadline = time.time() + 240
+    while time.time() < deadline and not ready() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1.0)  # into the evaluation
+    assert proc.poll() is None, "".join(lines)
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = "".join(lines)
+    assert "held-out accuracy before training" not in err or phase == "after", err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert rc == 130, (rc, err[-3000:])
+    if phase == "after":
+        assert RunDir(folder).latest_checkpoint().name == "step-000001"
+        resumed = cli(["--resume", str(folder), "train.eval_before_after=false"])
+        assert resumed.wait(timeout=300) == 0, resumed.stderr.read()

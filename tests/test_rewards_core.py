@@ -80,3 +80,159 @@ def test_sum_then_normalize():
     total, comps, _ = rs.score(["p"] * 3, ["a", "aa", "aaa"], [{}] * 3)
     assert set(comps) == {"length_bonus", "length_bonus_2"}
     assert torch.allclose(total, torch.tensor([-1.0, 0.0, 1.0]), atol=1e-4)
+
+
+# --------------------------------------------------------------------------- bad returns, exits, hangs
+
+
+def test_inf_is_a_failure_like_nan_and_non_numbers_too():
+    def odd(prompts, completions, **kw):
+        return [float("inf"), float("-inf"), float("nan"), "1.0", 0.5]
+
+    rs = RewardSet([])
+    rs.components = [("odd", odd, 1.0)]
+    total, comps, report = rs.score(["p"] * 5, list("abcde"), [{}] * 5)
+    assert torch.isnan(comps["odd"][:4]).all() and comps["odd"][4] == 0.5
+    assert report.failures == {"odd": 4} and report.excluded == 4
+    assert not torch.isinf(total).any()
+
+
+@pytest.mark.parametrize("value, why", [
+    ({"a": 1.0, "b": 0.0}, "dict"),
+    ([[1.0], [0.0]], "2-D"),
+    ([(1.0, 0.0), (0.0, 1.0)], "2-D"),
+    ("10", "str"),
+    (None, "NoneType"),
+    (torch.ones(2, 1), "shape"),
+])
+def test_a_dict_or_2d_return_is_rejected_whole(value, why):
+    rs = RewardSet([])
+    rs.components = [("bad", lambda prompts, completions, **kw: value, 1.0)]
+    total, _, report = rs.score(["p", "p"], ["a", "b"], [{}, {}])
+    assert report.failures == {"bad": 2} and torch.isnan(total).all()
+    assert why in report.errors["bad"]
+
+
+def test_a_1d_tensor_or_array_is_fine():
+    import numpy as np
+
+    for value in (torch.tensor([1.0, 0.0]), np.array([1.0, 0.0]), (True, False)):
+        rs = RewardSet([])
+        rs.components = [("ok", lambda prompts, completions, v=value, **kw: v, 1.0)]
+        total, _, report = rs.score(["p", "p"], ["a", "b"], [{}, {}])
+        assert total.tolist() == [1.0, 0.0] and report.failures == {}
+
+
+def exits(prompts, completions, **kw):
+    raise SystemExit(0)
+
+
+def test_system_exit_from_a_reward_is_a_counted_failure_not_an_exit():
+    rs, (total, _, report) = score([("exact", 1.0), ("exits", 1.0)])
+    assert report.failures == {"exits": 3} and "SystemExit" in report.errors["exits"]
+    assert torch.isnan(total).all()
+    rs.timeout = None  # also when called directly on this thread
+    total, _, report = rs.score(["p"] * 3, ["4", "5", "x"], [{"answer": "4"}] * 3)
+    assert report.failures == {"exits": 3}
+
+
+def test_keyboard_interrupt_from_a_reward_still_stops_the_run():
+    def ctrl_c(prompts, completions, **kw):
+        raise KeyboardInterrupt
+
+    for timeout in (5.0, None):
+        rs = RewardSet([], timeout=timeout)
+        rs.components = [("ctrl_c", ctrl_c, 1.0)]
+        with pytest.raises(KeyboardInterrupt):
+            rs.score(["p"], ["a"], [{}])
+
+
+def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def hangs(prompts, completions, **kw):
+        release.wait(60)  # a verifier stuck on an adversarial input
+        return [1.0] * len(completions)
+
+    def slow_but_ok(prompts, completions, **kw):
+        time.sleep(0.3)
+        return [2.0] * len(completions)
+
+    rs = RewardSet([], timeout=1.0)
+    rs.components = [("hangs", hangs, 1.0), ("slow", slow_but_ok, 1.0)]
+    t0 = time.monotonic()
+    total, comps, report = rs.score(["p"] * 2, ["a", "b"], [{}, {}])
+    elapsed = time.monotonic() - t0
+    try:
+        assert 1.0 <= elapsed < 10, elapsed  # waited for the timeout, not for the hang
+        assert torch.isnan(comps["hangs"]).all() and comps["slow"].tolist() == [2.0, 2.0]
+        assert report.timeouts == {"hangs": 1} and report.failures == {"hangs": 2}
+        assert "reward.timeout=1" in report.errors["hangs"] and rs.total_failures["hangs"] == 2
+        assert any(t.name == "tinyrl-reward" and t.daemon for t in threading.enumerate())  # left behind
+    finally:
+        release.set()
+
+
+def test_timeout_none_calls_the_reward_on_this_thread():
+    import threading
+
+    seen = []
+
+    def where(prompts, completions, **kw):
+        seen.append(threading.current_thread() is threading.main_thread())
+        return [1.0] * len(completions)
+
+    for timeout, on_main in ((None, True), (5.0, False)):
+        rs = RewardSet([], timeout=timeout)
+        rs.components = [("where", where, 1.0)]
+        rs.score(["p"], ["a"], [{}])
+        assert seen[-1] is on_main
+
+
+def test_failures_are_logged_rate_limited(caplog):
+    rs = RewardSet([RewardSpec(f"{__name__}:boom", 1.0)])
+    with caplog.at_level("WARNING", logger="tinyrl.rewards"):
+        for _ in range(250):
+            rs.score(["p"], ["a"], [{}])
+    lines = [r.getMessage() for r in caplog.records if "'boom'" in r.getMessage()]
+    assert len(lines) == 3 + 2  # the first three, then the 100th and the 200th
+    assert "verifier crashed" in lines[0] and "every 100th" in lines[-1]
+    assert rs.total_failures["boom"] == 250
+
+
+def test_per_sample_failures_are_logged_with_an_example(caplog):
+    with caplog.at_level("WARNING", logger="tinyrl.rewards"):
+        score([("sometimes_none", 1.0)])
+    assert any("1 of 3 samples" in r.getMessage() and "sample 2" in r.getMessage() for r in caplog.records)
+
+
+# --------------------------------------------------------------------------- checked at load
+
+NOT_CALLABLE = 3
+
+
+def no_completions(prompts, answers):
+    return [0.0] * len(prompts)
+
+
+def named_columns_only(completions, answer):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def test_reward_that_is_not_callable_or_has_the_wrong_signature_fails_at_load():
+    with pytest.raises(RewardImportError, match="is a int, not a function"):
+        RewardSet([RewardSpec(f"{__name__}:NOT_CALLABLE")])
+    with pytest.raises(RewardImportError, match="must take `completions`"):
+        RewardSet([RewardSpec(f"{__name__}:no_completions")])
+    with pytest.raises(RewardImportError, match=r"does not take the kwargs \['scale'\]"):
+        RewardSet([RewardSpec(f"{__name__}:named_columns_only", 1.0, {"scale": 2})])
+    RewardSet([RewardSpec(f"{__name__}:exact", 1.0, {"anything": 1})])  # **kw takes any kwargs
+
+
+def test_a_reward_without_kwargs_gets_only_the_columns_it_names():
+    rs = RewardSet([RewardSpec(f"{__name__}:named_columns_only")])
+    total, _, report = rs.score(["p", "p"], ["4", "5"], [{"answer": "4", "other": 1}] * 2, completion_ids=[[1], [2]])
+    assert total.tolist() == [1.0, 0.0] and report.failures == {}

@@ -123,13 +123,17 @@ def test_a_raising_reward_does_not_stop_the_run(tiny_model_dir, run_root):
     assert (run.path / "adapter" / "adapter_model.safetensors").exists()
 
 
-def infinite_reward(prompts, completions, **kw):
-    return [float("inf")] + [0.0] * (len(completions) - 1)
-
-
 def test_non_finite_step_is_skipped_and_reported(tiny_model_dir, run_root):
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
-        "reward.functions": [f"{__name__}:infinite_reward"], "train.eval_before_after": False}))
+        "reward.functions": [f"{__name__}:reward_by_length"], "train.eval_before_after": False}))
+    advantages = t.advantages
+
+    def infinite_advantage(batch):  # an inf reward is now a reward failure (excluded), so inject the inf here
+        stats = advantages(batch)
+        batch.advantages[0] = float("inf")
+        return stats
+
+    t.advantages = infinite_advantage
     lora0, _ = lora_and_base(t.model)
     metrics, _ = t.train_step()
     lora1, _ = lora_and_base(t.model)

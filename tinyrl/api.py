@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
+import time
 from pathlib import Path
 
 from tinyrl.config import config_from_dict, load_config
 from tinyrl.runs import RunDir, atomic_write_text, truncate_jsonl
+
+log = logging.getLogger("tinyrl")
 
 
 def _split_overrides(overrides: dict) -> dict:
@@ -21,28 +26,83 @@ def _split_overrides(overrides: dict) -> dict:
 
 
 def build_trainer(preset=None, profile=None, resume=None, overrides: dict | None = None):
-    """A ready Trainer: a fresh run folder, or an existing one continued from its last checkpoint."""
-    from tinyrl.checkpoint import ResumeError
-    from tinyrl.config import apply_overrides
+    """A ready Trainer: a fresh run folder, or an existing one continued from its last checkpoint.
+
+    The run folder is locked for this process (released by `train`, or when the process
+    ends); a fresh folder is removed again when the trainer cannot be built."""
     from tinyrl.trainer import Trainer
 
     overrides = _split_overrides(overrides or {})
     if resume is not None:
-        run = RunDir(Path(resume))
-        data = apply_overrides(run.config(), overrides)
-        cfg = config_from_dict(data)
-        ckpt = run.latest_checkpoint()
-        if ckpt is None:
-            raise ResumeError(f"--resume {resume}: no checkpoint in {run.ckpt_dir} to continue from "
-                              f"(set train.save_every to checkpoint during a run)")
-        trainer = Trainer(cfg, run)
-        trainer.load_checkpoint(ckpt)
-        for name in ("metrics.jsonl", "samples.jsonl", "alarms.jsonl"):
-            truncate_jsonl(run.path / name, trainer.step)  # drop steps after the checkpoint
-        return trainer
+        return _resume(Path(resume), preset, profile, overrides)
     name, cfg = load_config(preset, overrides, profile)
     run = RunDir.create(cfg.log.run_dir, cfg.log.name or name, cfg.to_dict())
-    return Trainer(cfg, run)
+    try:
+        trainer = Trainer(cfg, run)
+    except BaseException:
+        run.discard()  # a failed start (a bad reward, a missing model) leaves no folder behind
+        raise
+    return trainer
+
+
+def _resume(path: Path, preset, profile, overrides: dict):
+    """Continue a run folder: its own config.yaml plus `overrides`, from the newest checkpoint that loads."""
+    import yaml
+
+    from tinyrl import checkpoint
+    from tinyrl.config import ConfigError, apply_overrides
+    from tinyrl.trainer import Trainer
+
+    if preset is not None or profile is not None:
+        ignored = " and ".join(x for x in (preset and f"the preset {preset!r}", profile and f"--profile {profile}") if x)
+        log.warning("--resume %s: %s ignored; the run continues with its own config.yaml "
+                    "(section.field=value overrides still apply)", path, ignored)
+    run = RunDir(path)
+    old = run.config()
+    run.lock()
+    try:
+        try:
+            cfg = config_from_dict(apply_overrides(copy.deepcopy(old), overrides))
+        except ConfigError as e:
+            raise ConfigError(f"{run.path / 'config.yaml'}{' with the overrides' if overrides else ''}: {e}") from None
+        run.recover()
+        if not run.checkpoints():
+            raise checkpoint.ResumeError(f"--resume {path}: no checkpoint in {run.ckpt_dir} to continue from "
+                                         f"(set train.save_every to checkpoint during a run)")
+        trainer = Trainer(cfg, run)
+            ckpt = checkpoint.load_latest(trainer, run)
+        changed = config_changes(ckpt.state.get("config") or old, cfg.to_dict())
+        if changed:
+            log.warning("--resume: the config differs from the one checkpoint %s was trained with: %s",
+                        ckpt.path.name, "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        atomic_write_text(run.path / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "step": trainer.step, "checkpoint": ckpt.path.name,
+                  "overrides": overrides, "changed": {k: list(v) for k, v in changed.items()}}
+        log_file = run.writer("resumes.jsonl")
+        log_file.write(record)
+        log_file.close()
+        for name in ("metrics.jsonl", "samples.jsonl", "alarms.jsonl"):
+            truncate_jsonl(run.path / name, trainer.step)  # drop steps after the checkpoint
+    except BaseException:
+        run.unlock()
+        raise
+    return trainer
+
+
+def config_changes(before: dict, after: dict, prefix: str = "") -> dict[str, tuple]:
+    """Dotted field -> (before, after) for every field that differs between two config dicts.
+
+    >>> config_changes({"train": {"lr": 0.1, "steps": 5}}, {"train": {"lr": 0.1, "steps": 9}})
+    {'train.steps': (5, 9)}
+    """
+    out = {}
+    for key in list(before) + [k for k in after if k not in before]:
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.update(config_changes(a, b, f"{prefix}{key}."))
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
 
 
 def train(preset=None, profile=None, resume=None, **overrides):
@@ -59,7 +119,11 @@ def train(preset=None, profile=None, resume=None, **overrides):
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
-        _write_summary(trainer, run, error)
+        try:
+            _write_summary(trainer, run, error)
+        except OSError as e:  # a full disk must not hide the error that stopped the run
+            log.warning("could not write the run summary: %s", e)
+        trainer.run.unlock()
 
 
 def _write_summary(trainer, run, error: str | None) -> None:

@@ -15,7 +15,15 @@ def _friendly_errors() -> tuple[type, ...]:
     from tinyrl.model import ModelLoadError
     from tinyrl.rewards.core import RewardImportError
 
-    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, FileNotFoundError)
+    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError)
+
+
+def _os_error_text(e: OSError) -> str:
+    """An OSError as one line that names the file (tinyrl's RunFolderError carries its own message)."""
+    if e.filename is not None:
+        other = f" -> {e.filename2}" if e.filename2 is not None else ""
+        return f"{e.filename}{other}: {e.strerror or e}"
+    return e.strerror if isinstance(e.strerror, str) and e.strerror else str(e)
 
 
 OOM_HELP = ("out of memory. Turn these knobs down: rollout.num_generations (group size), "
@@ -32,7 +40,9 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
         elif preset is None:
             preset = a
         else:
-            raise SystemExit(f"tinyrl: unexpected argument {a!r}; overrides look like section.field=value")
+            from tinyrl.config import ConfigError
+
+            raise ConfigError(f"unexpected argument {a!r}; overrides look like section.field=value")
     return preset, overrides
 
 
@@ -71,7 +81,7 @@ def cmd_eval(ns) -> int:
     from tinyrl.api import evaluate
     from tinyrl.config import parse_override
 
-    preset, overrides = _split(ns.args)
+    preset, overrides = _split(ns.args)  # `eval a.b=1`: no preset
     kv = {".".join(k): v for k, v in map(parse_override, overrides)}
     acc = evaluate(preset, adapter=ns.adapter, **kv)
     print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
@@ -112,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     except _friendly_errors() as e:
         print(f"tinyrl: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full or read-only disk, a path that is a file, a run folder in use
+        print(f"tinyrl: error: {_os_error_text(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # outside the training loop (which checkpoints and returns on its own)
+        print("tinyrl: interrupted", file=sys.stderr)
+        return 130
     except RuntimeError as e:
         if "out of memory" in str(e).lower():
             print(f"tinyrl: error: {OOM_HELP}\n({e})", file=sys.stderr)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,10 +22,12 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from tinyrl.agents.config import AgentConfig
 from tinyrl.errors import ConfigError
 from tinyrl.monitor import MonitorConfig
 
 DEFAULT_PRESET = "tiny_grpo_cpu"
+log = logging.getLogger("tinyrl.config")
 
 
 # --------------------------------------------------------------------------- sections
@@ -68,7 +72,7 @@ class RolloutConfig:
 
     def validate(self, p: str) -> None:
         _check(self.num_generations >= 2, f"{p}.num_generations", f"must be >= 2 for group-relative advantages, got {self.num_generations}")
-        _check(self.temperature > 0, f"{p}.temperature", f"must be > 0, got {self.temperature}")
+        _check(0 < self.temperature < math.inf, f"{p}.temperature", f"must be > 0 and finite, got {self.temperature}")
         _check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         _check(0 < self.gpu_memory_utilization <= 1, f"{p}.gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
@@ -110,6 +114,11 @@ class AlgoConfig:
 
         _check(self.estimator in ESTIMATORS, f"{p}.estimator", f"must be one of {sorted(ESTIMATORS)}, got {self.estimator!r}")
         _check(self.loss_agg in AGGREGATIONS, f"{p}.loss_agg", f"must be one of {sorted(AGGREGATIONS)}, got {self.loss_agg!r}")
+        _check(0 < self.std_eps < math.inf, f"{p}.std_eps",
+               f"must be > 0 and finite (it keeps the advantage's std away from 0; <= 0 can flip or blow up "
+               f"advantages), got {self.std_eps}")
+        _check(math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0, f"{p}.overlong_penalty",
+               f"must be >= 0 and finite, got {self.overlong_penalty}")
         _check(self.epsilon_low >= 0, f"{p}.epsilon_low", f"must be >= 0, got {self.epsilon_low}")
         _check(self.epsilon_high >= 0, f"{p}.epsilon_high", f"must be >= 0, got {self.epsilon_high}")
         _check(self.dual_clip is None or self.dual_clip > 1, f"{p}.dual_clip", f"must be > 1 or null, got {self.dual_clip}")
@@ -163,9 +172,17 @@ class RewardSpec:
 class RewardConfig:
     functions: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("task")])
     combine: Literal["sum", "normalize_then_sum", "sum_then_normalize"] = "sum"
+    # Seconds one call of one reward function may take (a call scores a whole batch); past it, the
+    # call's samples score None (excluded) and the call is counted. null: no limit (the reward then
+    # runs on the main thread, for rewards that need it, e.g. ones that install signal handlers).
+    timeout: Optional[float] = 300.0
 
     def validate(self, p: str) -> None:
         _check(len(self.functions) >= 1, f"{p}.functions", "needs at least one reward function")
+        for i, spec in enumerate(self.functions):
+            _check(math.isfinite(spec.weight), f"{p}.functions[{i}].weight", f"must be a finite number, got {spec.weight}")
+        t = self.timeout
+        _check(t is None or 0 < t < math.inf, f"{p}.timeout", f"must be > 0 seconds (or null: no timeout), got {t}")
 
 
 @dataclass
@@ -187,8 +204,10 @@ class TrainConfig:
         _check(self.steps >= 0, f"{p}.steps", f"must be >= 0, got {self.steps}")
         _check(self.prompts_per_step >= 1, f"{p}.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
         _check(self.micro_batch_size >= 1, f"{p}.micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
-        _check(self.lr > 0, f"{p}.lr", f"must be > 0, got {self.lr}")
+        _check(0 < self.lr < math.inf, f"{p}.lr", f"must be > 0 and finite, got {self.lr}")
+        _check(0 <= self.weight_decay < math.inf, f"{p}.weight_decay", f"must be >= 0 and finite, got {self.weight_decay}")
         _check(self.max_grad_norm > 0, f"{p}.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        _check(self.warmup_steps >= 0, f"{p}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _check(self.save_every >= 0, f"{p}.save_every", f"must be >= 0, got {self.save_every}")
         _check(self.keep_last >= 1, f"{p}.keep_last", f"must be >= 1, got {self.keep_last}")
 
@@ -200,6 +219,15 @@ class LogConfig:
     samples_per_step: int = 4  # completions written to samples.jsonl each step
     progress: bool = True
     track_likelihood: bool = True  # re-score the batch after the update: policy KL, update clip frac, LLD
+
+    def validate(self, p: str) -> None:
+        _check(self.samples_per_step >= 0, f"{p}.samples_per_step", f"must be >= 0, got {self.samples_per_step}")
+        name = self.name
+        if name is not None:
+            parts = Path(name).parts
+            _check(bool(name.strip()) and not Path(name).is_absolute() and ".." not in parts and "." not in parts
+                   and "\\" not in name, f"{p}.name",
+                   f"must be a folder name inside log.run_dir (no '..', no absolute path), got {name!r}")
 
 
 @dataclass
@@ -214,6 +242,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def validate(self, p: str = "") -> None:
         completions = self.train.prompts_per_step * self.rollout.num_generations
@@ -368,12 +397,68 @@ def _preset_dir():
     return resources.files("tinyrl.presets")
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that warns when one mapping gives a key twice (plain YAML keeps the last, silently)."""
+
+    source = "YAML"
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key, line = self.construct_scalar(key_node), key_node.start_mark.line + 1
+                if key in seen:
+                    log.warning("%s, line %d: key %r is given twice (first on line %d); the later value wins",
+                                self.source, line, key, seen[key])
+                seen.setdefault(key, line)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, source: str):
+    """`yaml.safe_load`, warning about duplicate keys; a YAML error becomes a ConfigError naming `source` and the line."""
+    loader = _Loader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{source}{where}: not valid YAML ({what})") from None
+    finally:
+        loader.dispose()
+
+
+def _read_preset_file(entry, label: str) -> dict:
+    """The mapping in a preset file; ConfigError for unreadable, binary, malformed, empty or non-mapping files."""
+    try:
+        text = entry.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"preset {label}: not a text file (not UTF-8); a preset is a YAML mapping of sections") from None
+    except OSError as e:
+        raise ConfigError(f"preset {label}: cannot read it ({e.strerror or e})") from None
+    data = load_yaml(text, f"preset {label}")
+    if data is None:
+        raise ConfigError(f"preset {label} is empty: it sets nothing. Put sections in it (model:, train:, ...), "
+                          f"or run `tinyrl train` with no preset to train the default")
+    if not isinstance(data, dict):
+        raise ConfigError(f"preset {label}: must be a mapping of sections (model:, train:, ...), "
+                          f"got a value of type {type(data).__name__}")
+    return data
+
+
 def list_presets() -> dict[str, str]:
     """Shipped preset names -> their one-line description."""
     out = {}
     for entry in sorted(_preset_dir().iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            raw = yaml.safe_load(entry.read_text()) or {}
+            try:
+                raw = _read_preset_file(entry, entry.name)
+            except ConfigError as e:
+                out[entry.name[:-5]] = f"(cannot be read: {e})"
+                continue
             out[entry.name[:-5]] = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""
     return out
 
@@ -383,10 +468,12 @@ def read_preset(preset: str | Path | None) -> tuple[str, dict]:
     preset = DEFAULT_PRESET if preset is None else str(preset)
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path.stem, yaml.safe_load(path.read_text()) or {}
+        return path.stem, _read_preset_file(path, str(path))
     name = preset[:-5] if preset.endswith(".yaml") else preset
     entry = _preset_dir() / f"{name}.yaml"
     if not entry.is_file():
+        if path.is_file():
+            raise ConfigError(f"preset {preset!r}: a preset file's name must end in .yaml or .yml")
         known = sorted(list_presets())
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -394,7 +481,7 @@ def read_preset(preset: str | Path | None) -> tuple[str, dict]:
             f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
             f"Shipped presets: {known} (see `tinyrl presets`)."
         )
-    return name, yaml.safe_load(entry.read_text()) or {}
+    return name, _read_preset_file(entry, name)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -405,7 +492,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     keys = key.strip().split(".")
     if not all(keys):
         raise ConfigError(f"override {text!r}: empty field name in {key!r}")
-    return keys, yaml.safe_load(raw) if raw.strip() else ""
+    return keys, load_yaml(raw, f"override {text!r}") if raw.strip() else ""
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:

@@ -8,21 +8,55 @@ single-process order, split by rank.
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 from pathlib import Path
 
 from tinyrl.distributed import shard
+from tinyrl.errors import ConfigError
+
+
+def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
+    """The rows of a local .jsonl file, each with a string `prompt`; ConfigError naming the file and line.
+
+    Every non-blank line must be one JSON object whose `prompt_column` is a non-empty string
+    (the user turn; the chat template, if any, is applied later)."""
+    where = f"data.path: {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start}); a .jsonl file has one JSON object per line") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{where}, line {n}: not valid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}, line {n}: expected a JSON object ({{\"{prompt_column}\": ...}}), "
+                              f"got {type(row).__name__}")
+        prompt = row.get(prompt_column)
+        if prompt_column not in row:
+            raise ConfigError(f"{where}, line {n}: no {prompt_column!r} column (data.prompt_column); "
+                              f"it has {sorted(row)[:10]}")
+        if not (isinstance(prompt, str) and prompt.strip()):
+            raise ConfigError(f"{where}, line {n}: {prompt_column!r} must be a non-empty string, got {prompt!r:.80}")
+        row["prompt"] = prompt
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"{where}: no rows (the file is empty)")
+    return rows
 
 
 def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
     """(train rows, held-out rows, task or None). Rows are dicts with a 'prompt' column."""
     if cfg_data.task == "jsonl":
-        rows = [json.loads(line) for line in Path(cfg_data.path).read_text().splitlines() if line.strip()]
-        for i, r in enumerate(rows):
-            if cfg_data.prompt_column not in r:
-                raise ValueError(f"data.path: row {i} of {cfg_data.path} has no {cfg_data.prompt_column!r} column")
-            r["prompt"] = r[cfg_data.prompt_column]
+        rows = read_jsonl_rows(cfg_data.path, cfg_data.prompt_column)
         rng = random.Random(cfg_data.seed)
         rng.shuffle(rows)
         n_eval = min(cfg_data.num_eval, len(rows) // 5)
@@ -30,7 +64,17 @@ def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
     from tinyrl.tasks import get_task
 
     task = get_task(cfg_data.task)
-    train, held_out = task.build(cfg_data.num_train, cfg_data.num_eval, cfg_data.seed, **cfg_data.task_args)
+    args = (cfg_data.num_train, cfg_data.num_eval, cfg_data.seed)
+    try:
+        inspect.signature(task.build).bind(*args, **cfg_data.task_args)
+    except TypeError as e:
+        raise ConfigError(f"data.task_args: the {cfg_data.task!r} task does not take {cfg_data.task_args} ({e})") from None
+    except ValueError:
+        pass  # not inspectable: let the call say
+    try:
+        train, held_out = task.build(*args, **cfg_data.task_args)
+    except ValueError as e:  # the task cannot give what was asked (e.g. more held-out rows than it has)
+        raise ConfigError(f"data (task {cfg_data.task!r}): {e}") from None
     return train, held_out, task
 
 
@@ -40,7 +84,8 @@ def render_prompt(tokenizer, text: str, cfg_data) -> str:
     if cfg_data.chat_template == "never" or (cfg_data.chat_template == "auto" and not has_template):
         return text if cfg_data.system_prompt is None else f"{cfg_data.system_prompt}\n{text}"
     if not has_template:
-        raise ValueError("data.chat_template is 'always' but the tokenizer has no chat template")
+        raise ConfigError("data.chat_template is 'always' but the tokenizer has no chat template; "
+                          "use 'auto' or 'never'")
     messages = [{"role": "user", "content": text}]
     if cfg_data.system_prompt is not None:
         messages.insert(0, {"role": "system", "content": cfg_data.system_prompt})
@@ -52,7 +97,7 @@ class PromptSource:
 
     def __init__(self, rows: list[dict], seed: int, rank: int = 0, world: int = 1):
         if not rows:
-            raise ValueError("data: no training rows")
+            raise ConfigError("data: no training rows (data.num_train, or the jsonl file, gives none)")
         self.rows = rows
         self.seed = seed
         self.rank, self.world = rank, world

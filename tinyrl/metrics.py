@@ -47,6 +47,8 @@ def step_metrics(trainer, batch, first, last, extra: dict, dt: float, t_gen: flo
         "completion_len": n_act / max(batch.num_rows, 1),
         "truncated_frac": float(batch.truncated.float().mean()),
         "lr": trainer.optimizer.param_groups[0]["lr"],
+        "micro_batch_now": trainer.micro_batch,
+        "oom_retries_total": trainer.oom_retries,
         "step_time": dt,
         "gen_time": t_gen,
         "tokens_per_s": n_act / dt if dt > 0 else 0.0,

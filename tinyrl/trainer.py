@@ -81,7 +81,7 @@ class Trainer:
         for r in train_rows + self.eval_rows:
             r["rendered"] = render_prompt(self.tokenizer, r["prompt"], cfg.data)
         self.prompts = PromptSource(train_rows, cfg.data.seed)
-        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine)
+        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, stop)
 
@@ -95,6 +95,9 @@ class Trainer:
         self.eval_before: float | None = None
         self._stop_requested = False
         self._in_step = False
+        self.micro_batch = cfg.train.micro_batch_size  # halved on an out-of-memory error (update phase)
+        self.rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
+        self.oom_retries = 0
         log.info("algo: %s", {k: v for k, v in vars(cfg.algo).items() if v is not None})
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
             log.warning("algo.llds_lambda > 0 acts only when the policy moves within a rollout batch: "
@@ -192,7 +195,23 @@ class Trainer:
                        **{f"reward_failures/{k}": v for k, v in failures.items()}}
 
     def generate(self, rows: list[dict], n: int) -> Rollouts:
-        return self.engine.generate([r["rendered"] for r in rows], n=n, params=self.sampling, columns=rows)
+        """n samples of each row's prompt. On an out-of-memory error the prompts go to the engine in
+        halves (whole groups each; the cap stays for the run) and are sampled again."""
+        while True:
+            k = self.rollout_prompts or len(rows)
+            try:
+                parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=self.sampling,
+                                              columns=rows[i:i + k]) for i in range(0, len(rows), k)]
+                return Rollouts.concat(parts)
+            except torch.OutOfMemoryError:
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if k == 1:
+                    raise
+                self.rollout_prompts = (k + 1) // 2
+                self.oom_retries += 1
+                log.warning("out of memory in the rollout: %d prompts (x %d samples) per engine call from now on; "
+                            "sampling again", self.rollout_prompts, n)
 
     def reward(self, batch: Rollouts) -> dict[str, int]:
         """Fill the batch's rewards; returns failed samples per reward component."""
@@ -247,9 +266,7 @@ class Trainer:
         cfg = self.cfg
         first = last = None
         for it in range(cfg.algo.num_iterations):
-            last = policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
-                                 micro_batch=cfg.train.micro_batch_size, max_grad_norm=cfg.train.max_grad_norm,
-                                 max_len=cfg.rollout.max_new_tokens, score_rest=it == 0)
+            last = self._policy_update_oom_safe(batch, score_rest=it == 0)
             with warnings.catch_warnings():  # a step taken without an optimiser step still advances the schedule
                 warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()`"), UserWarning)
                 self.scheduler.step()
@@ -288,6 +305,29 @@ class Trainer:
                         "logp_pos_delta": float(delta.sum() / mp.sum().clamp(min=1)),  # per token
                         "frac_pos_delta_nonpos": float((delta <= 0).float().mean())})
         return out
+
+    def _policy_update_oom_safe(self, batch: Rollouts, score_rest: bool) -> UpdateResult:
+        """policy_update; on an out-of-memory error, halve the micro-batch and redo the step from the same
+        batch. Nothing was stepped yet (the optimiser steps after the last backward) and the loss is
+        normalised by the whole batch's totals, so the gradient is the one a smaller micro-batch gives
+        from the start (to fp32 rounding); groups are never split across optimiser steps. The smaller
+        micro-batch stays for the rest of the run (`micro_batch_now` in metrics.jsonl)."""
+        cfg = self.cfg
+        while True:
+            try:
+                return policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
+                                     micro_batch=self.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
+                                     max_len=cfg.rollout.max_new_tokens, score_rest=score_rest)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if self.micro_batch == 1:
+                    raise
+                self.micro_batch //= 2
+                self.oom_retries += 1
+                log.warning("out of memory in the update: micro-batch halved to %d; redoing the step from the "
+                            "same batch", self.micro_batch)
 
     # ------------------------------------------------------------------ monitor, log, evaluation
 

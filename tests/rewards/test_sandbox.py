@@ -226,6 +226,176 @@ def test_huge_output():
     assert time.monotonic() - t0 < 15
 
 
+# --- side doors: SysV IPC, filesystem UNIX sockets, truncating its own output --------------------
+
+IPC_KEY = 0x7E570000 + os.getpid() % 0xFFFF  # a SysV key no one else uses
+
+
+def host_ipc_keys() -> set[tuple[str, int]]:
+    """(kind, key) of every SysV shared-memory segment, message queue and semaphore set on the host."""
+    out = set()
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                out |= {(kind, int(ln.split()[0])) for ln in list(f)[1:] if ln.strip()}
+        except OSError:
+            pass
+    return out
+
+
+def remove_host_ipc(key: int) -> None:
+    """Clean up after a failed run of the IPC attack (IPC_RMID on whatever it left on the host)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if (ident := libc.shmget(key, 0, 0)) >= 0:
+        libc.shmctl(ident, 0, None)  # IPC_RMID
+    if (ident := libc.msgget(key, 0)) >= 0:
+        libc.msgctl(ident, 0, None)
+    if (ident := libc.semget(key, 0, 0)) >= 0:
+        libc.semctl(ident, 0, 0)
+
+
+IPC_ATTACK = f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+made = []
+shm = libc.shmget({IPC_KEY}, 1 << 20, 0o1666)  # IPC_CREAT | 0666: a segment that would outlive the run
+made.append(shm >= 0)
+if shm >= 0:
+    addr = libc.shmat(shm, None, 0)
+msg = libc.msgget({IPC_KEY}, 0o1666)  # a message queue another run could read
+made.append(msg >= 0)
+if msg >= 0:
+    buf = ctypes.create_string_buffer(b"\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00secret", 14)
+    libc.msgsnd(msg, buf, 6, 0)
+sem = libc.semget({IPC_KEY}, 1, 0o1666)
+made.append(sem >= 0)
+print(made)
+assert any(made), "no SysV IPC object could be made"
+"""
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "fallback"])
+def test_sysv_ipc_does_not_reach_the_host(namespaces):
+    """Shared memory, message queues and semaphores made in the sandbox never exist on the host
+    (IPC namespace; without one, the seccomp filter refuses the calls)."""
+    if not namespaces and os.geteuid() != 0:
+        pytest.skip("without namespaces only root can give the code its own uid")
+    before = host_ipc_keys()
+    try:
+        r = run(IPC_ATTACK + GOOD, namespaces=namespaces)
+        leaked = {k for k in host_ipc_keys() - before if k[1] == IPC_KEY}
+        assert leaked == set(), f"the sandbox left SysV IPC objects on the host: {leaked} ({r})"
+        if namespaces and r.isolation.get("mount"):
+            assert r.isolation.get("ipc"), r.isolation
+        if r.isolation.get("seccomp"):  # refused outright: not even a private segment to pin memory with
+            assert_zero(r, "load_error")
+    finally:
+        remove_host_ipc(IPC_KEY)
+
+
+@pytest.fixture
+def host_sockets(tmp_path):
+    """Listening 0666 UNIX sockets (stream and datagram, like /dev/log) where a host keeps them."""
+    socks, paths = [], []
+    dirs = ["/run", "/dev", "/var/tmp", str(tmp_path)] if os.geteuid() == 0 else ["/var/tmp", str(tmp_path)]
+    for d in dirs:
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            path = os.path.join(d, f"tinyrl-test-{os.getpid()}-{kind}.sock")
+            s = socket.socket(socket.AF_UNIX, kind)
+            try:
+                s.bind(path)
+            except OSError:
+                s.close()
+                continue
+            os.chmod(path, 0o666)
+            if kind == socket.SOCK_STREAM:
+                s.listen(4)
+            s.settimeout(0.2)
+            socks.append((s, kind))
+            paths.append(path)
+    os.chmod(tmp_path, 0o755)
+    yield paths, socks
+    for s, _ in socks:
+        s.close()
+    for p in paths:
+        os.unlink(p)
+
+
+# ctypes, not the socket module: without a mount namespace a Python kept under /root has no stdlib
+# beyond what the child preloads, and an attack must not depend on that.
+SOCKET_ATTACK = """
+import ctypes, os, stat
+visible = []
+for p in PATHS:
+    try:
+        if stat.S_ISSOCK(os.lstat(p).st_mode):
+            visible.append(p)
+    except OSError:
+        pass
+print(visible)
+libc = ctypes.CDLL(None, use_errno=True)
+class Addr(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("path", ctypes.c_char * 108)]
+reached = []
+for p in PATHS:
+    addr = Addr(1, p.encode())  # AF_UNIX
+    for kind in (1, 2):  # SOCK_STREAM, SOCK_DGRAM
+        fd = libc.socket(1, kind, 0)
+        if fd >= 0 and libc.connect(fd, ctypes.byref(addr), ctypes.sizeof(addr)) == 0 and libc.send(fd, b"leak", 4, 0) == 4:
+            reached.append(p)
+        pair = (ctypes.c_int * 2)()  # a socketpair's datagram end can be sent to a path without connect()
+        if libc.socketpair(1, kind, 0, pair) == 0 and libc.sendto(pair[0], b"leak", 4, 0, ctypes.byref(addr), ctypes.sizeof(addr)) == 4:
+            reached.append(p)
+print(reached)
+assert reached
+"""
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "fallback"])
+def test_unix_sockets_on_the_host_are_unreachable(host_sockets, namespaces):
+    if not namespaces and os.geteuid() != 0:
+        pytest.skip("without namespaces only root can give the code its own uid")
+    paths, socks = host_sockets
+    assert paths
+    code = SOCKET_ATTACK.replace("PATHS", repr(paths)) + GOOD
+    r = run(code, namespaces=namespaces)
+    assert_zero(r, "load_error")
+    if r.isolation.get("mount"):  # hidden (/run, /dev, /tmp) or covered by /dev/null (/var/tmp): no socket left to find
+        assert r.output.splitlines()[0] == "[]", r.output
+        assert r.isolation["sockets_left"] == 0 and r.isolation["sockets_covered"] >= 1
+    for s, kind in socks:
+        with pytest.raises((socket.timeout, BlockingIOError)):
+            (s.accept() if kind == socket.SOCK_STREAM else s.recv(16))
+
+
+def test_only_a_minimal_dev_and_no_run():
+    code = ("import os\nprint(sorted(os.listdir('/dev')))\n"
+            "print(sorted(os.listdir('/run')) if os.path.isdir('/run') else [])\n"
+            "print(sorted(os.listdir('/var/run')) if os.path.isdir('/var/run') else [])\n"
+            "open('/dev/null', 'w').write('x')\nassert len(open('/dev/urandom', 'rb').read(8)) == 8\n"
+            "assert open('/dev/zero', 'rb').read(4) == bytes(4)\n" + GOOD)
+    r = run(code)
+    if not r.isolation.get("mount"):
+        pytest.skip(f"no mount namespace here: {r.isolation}")
+    assert r.score == 1.0, r
+    dev, run_dir, var_run = (eval(line) for line in r.output.splitlines())  # noqa: S307 (our own print)
+    assert {"null", "zero", "urandom"} <= set(dev) <= {"null", "zero", "random", "urandom", "shm", "fd",
+                                                       "stdin", "stdout", "stderr"}, dev
+    assert run_dir == [] and var_run == []
+
+
+def test_truncating_its_own_output_does_not_hide_it():
+    """Output is counted as the host reads it: ftruncate/lseek on stdout cannot take it back."""
+    for attack in ("import os, sys\nsys.stdout.write('x' * (512 << 10))\nsys.stdout.flush()\n"
+                   "for f in (lambda: os.ftruncate(1, 0), lambda: os.lseek(1, 0, 0)):\n"
+                   "    try:\n        f()\n    except OSError:\n        pass\n",
+                   "import os\nos.write(2, b'y' * (256 << 10))\n"
+                   "try:\n    os.ftruncate(2, 10)\nexcept OSError:\n    pass\n"):
+        assert_zero(run(GOOD + attack), "output_limit")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="without namespaces only root can give the code its own uid")
 def test_without_namespaces_limits_and_uid_still_hold(host_files):
     """The fallback for hosts that refuse namespaces: rlimits + a fresh uid; cleanup by uid."""
@@ -263,7 +433,12 @@ def test_code_tests_reward():
 
 
 UNPRIVILEGED = r'''
-import importlib.util, json, sys
+import importlib.util, json, os, sys
+# the sandbox modules by path (this Python has no torch, so not the tinyrl package)
+checks_spec = importlib.util.spec_from_file_location(
+    "tinyrl.rewards.sandbox_checks", os.path.join(os.path.dirname(sys.argv[1]), "sandbox_checks.py"))
+sys.modules[checks_spec.name] = importlib.util.module_from_spec(checks_spec)
+checks_spec.loader.exec_module(sys.modules[checks_spec.name])
 spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
 sb = importlib.util.module_from_spec(spec)
 sys.modules["sandbox"] = sb
@@ -274,6 +449,9 @@ attacks = {
     "write": "open(%r, 'w').write('x')\n" % (sys.argv[2] + "/planted.txt"),
     "umount": "import ctypes\nassert ctypes.CDLL(None).umount2(b'/tmp', 2) == 0\n",
     "net": "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)\n",
+    "ipc": "import ctypes\nassert ctypes.CDLL(None).shmget(%s, 4096, 0o1666) >= 0\n" % sys.argv[3],
+    "unix_socket": "import socket\nsocket.socket(socket.AF_UNIX).connect(%r)\n" % sys.argv[4],
+    "dev": "import os\nassert 'full' in os.listdir('/dev') or 'kmsg' in os.listdir('/dev')\n",
 }
 out = {"good": vars(sb.run_tests(good, ["assert add(2, 3) == 5"], limits=limits))}
 for name, code in attacks.items():
@@ -307,14 +485,30 @@ def test_an_unprivileged_user_gets_a_user_namespace():
                                capture_output=True, cwd="/tmp")
         if probe.returncode != 0:
             pytest.skip("user nobody cannot run this Python or read the sources")
-        proc = subprocess.run(as_nobody + [str(script), sandbox_module.__file__, shared], capture_output=True,
-                              text=True, cwd="/tmp", timeout=120)
+        listener = socket.socket(socket.AF_UNIX)
+        sock_path = f"/var/tmp/tinyrl-test-{os.getpid()}-nobody.sock"
+        listener.bind(sock_path)
+        os.chmod(sock_path, 0o666)
+        listener.listen(1)
+        listener.settimeout(0.2)
+        before = host_ipc_keys()
+        try:
+            proc = subprocess.run(as_nobody + [str(script), sandbox_module.__file__, shared, str(IPC_KEY), sock_path],
+                                  capture_output=True, text=True, cwd="/tmp", timeout=120)
+            with pytest.raises(socket.timeout):
+                listener.accept()
+            assert {k for k in host_ipc_keys() - before if k[1] == IPC_KEY} == set()
+        finally:
+            listener.close()
+            os.unlink(sock_path)
+            remove_host_ipc(IPC_KEY)
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout.splitlines()[-1])
         if not out["good"]["isolation"].get("userns"):
             pytest.skip(f"no unprivileged user namespaces here: {out['good']['isolation']}")
         assert out["good"]["status"] == "ok" and out["good"]["passed"] == [True]
-        for name in ("write", "umount", "net"):
+        assert out["good"]["isolation"]["ipc"] and out["good"]["isolation"]["seccomp"], out["good"]["isolation"]
+        for name in ("write", "umount", "net", "ipc", "unix_socket", "dev"):
             assert out[name]["status"] == "load_error" and out[name]["passed"] == [False], (name, out[name])
         assert os.listdir(shared) == []
     finally:

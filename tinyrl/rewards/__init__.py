@@ -9,3 +9,4 @@ from tinyrl.rewards import math  # noqa: E402,F401
 from tinyrl.rewards import format  # noqa: E402,F401
 from tinyrl.rewards import code  # noqa: E402,F401
 from tinyrl.rewards import trl_compat  # noqa: E402,F401
+from tinyrl.rewards import qa  # noqa: E402,F401

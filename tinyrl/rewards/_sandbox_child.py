@@ -1,16 +1,20 @@
 """The child side of `tinyrl.rewards.sandbox`: isolate, drop privileges, run, report.
 
-Started by path as `python -I _sandbox_child.py` (stdlib only, never the tinyrl package).
-It reads one JSON job from stdin, then, while still trusted:
+Started by path as `python -I _sandbox_child.py` (stdlib only, never the tinyrl package;
+`_sandbox_lockdown.py` beside it is loaded by path). It reads one JSON job from stdin,
+then, while still trusted:
 
-1. unshares network, mount and PID namespaces (plus a user namespace when not root),
-2. in the new mount namespace: makes every mount read-only, hides `hide` paths (and any
-   directory the sandbox user could not enter that holds Python's own library) under empty
-   read-only tmpfs with Python's import paths bound back, and mounts a fresh tmpfs on
-   /tmp and /dev/shm as the working directory,
+1. notes the host's bound UNIX sockets, then unshares network, mount, PID and IPC
+   namespaces (plus a user namespace when not root),
+2. in the new mount namespace (`_sandbox_lockdown.setup_mounts`): makes every mount
+   read-only, hides `hide` paths, /run and /var/run (and any directory the sandbox user
+   could not enter that holds Python's own library) under empty read-only tmpfs with
+   Python's import paths bound back, gives it a minimal /dev, covers the host's sockets,
+   and mounts a fresh tmpfs on /tmp as the working directory,
 3. becomes PID 1 of the new PID namespace (the supervisor) and forks the worker, which
    sets rlimits, drops to the sandbox uid (or drops all capabilities in a user
-   namespace), sets no_new_privs, and only then runs the untrusted code and the checks.
+   namespace), sets no_new_privs, installs the seccomp filter, and only then runs the
+   untrusted code and the checks.
 
 Each result is one JSON line on the report pipe. The first line ("ready") is written
 before any untrusted code runs, so the parent can trust what it says about isolation.
@@ -25,92 +29,44 @@ import signal
 import sys
 import time
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-_MOUNT_FLAGS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 24, 36, 38
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+def _load_lockdown():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_lockdown.py")
+    spec = importlib.util.spec_from_file_location("_sandbox_lockdown", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def mount(src, target, fstype, flags, data=None) -> None:
-    enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
-    _check(_libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
-
-
-def _traversable(path: str, uid: int, gid: int) -> bool:
-    st = os.stat(path)
-    bit = 0o100 if st.st_uid == uid else 0o010 if st.st_gid == gid else 0o001
-    return bool(st.st_mode & bit)
+lockdown = _load_lockdown()
+_check, mount = lockdown.check, lockdown.mount
 
 
 def _unshare(job: dict) -> dict:
     """Enter new namespaces; returns which ones we got."""
+    ld = lockdown
     root = os.geteuid() == 0
-    want = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | (0 if root else CLONE_NEWUSER)
-    got = {"net": False, "mount": False, "pid": False, "userns": False}
+    flags = {"net": ld.CLONE_NEWNET, "mount": ld.CLONE_NEWNS, "pid": ld.CLONE_NEWPID, "ipc": ld.CLONE_NEWIPC}
+    want = sum(flags.values()) | (0 if root else ld.CLONE_NEWUSER)
+    got = {"net": False, "mount": False, "pid": False, "ipc": False, "userns": False}
     uid, gid = os.getuid(), os.getgid()
     if not job.get("namespaces", True):
         return got
     if _libc.unshare(want) == 0:
-        got.update(net=True, mount=True, pid=True, userns=not root)
+        got.update({name: True for name in flags}, userns=not root)
     elif root:
-        for name, flag in (("net", CLONE_NEWNET), ("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID)):
+        for name, flag in flags.items():
             got[name] = _libc.unshare(flag) == 0
     if got["userns"]:  # become root of the new user namespace (mapped to our own uid outside)
         for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
     return got
-
-
-def _setup_mounts(job: dict, uid: int, gid: int) -> None:
-    """Read-only everything, hide private directories, fresh tmpfs for /tmp and /dev/shm."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    with open("/proc/self/mountinfo") as f:
-        mounts = [(ln.split()[4], ln.split()[5]) for ln in f]
-    for point, opts in mounts:
-        if point.startswith(("/proc", "/sys", "/dev")):
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for o in opts.split(","):
-            flags |= _MOUNT_FLAGS.get(o, 0)
-        try:
-            mount(None, point, None, flags)
-        except OSError:
-            pass
-    keep = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
-    hide = set(os.path.realpath(p) for p in job.get("hide", []) if os.path.isdir(p))
-    for k in keep:  # a directory the sandbox user cannot enter, above Python's own library
-        parts = k.split("/")
-        for n in range(2, len(parts) + 1):
-            d = "/".join(parts[:n])
-            if not _traversable(d, uid, gid):
-                hide.add(d)
-                break
-    for h in sorted(hide, key=len):
-        if h == "/" or h in keep:
-            continue
-        if any(h.startswith(o + "/") for o in hide if o != h and o != "/"):
-            continue  # already under a hidden parent
-        under = [k for k in keep if k.startswith(h + "/")]
-        fds = [os.open(k, os.O_PATH | os.O_DIRECTORY) for k in under]
-        mount("tmpfs", h, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
-        for k, fd in zip(under, fds):
-            os.makedirs(k, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", k, None, MS_BIND | MS_REC)
-            os.close(fd)
-        mount(None, h, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    size = f"size={int(job['limits']['tmp_mb'])}m"
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=700,uid={uid},gid={gid}")
-    if os.path.isdir("/dev/shm"):
-        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
 
 
 def _drop_privileges(job: dict, iso: dict) -> None:
@@ -141,6 +97,9 @@ def _drop_privileges(job: dict, iso: dict) -> None:
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)
         data = (ctypes.c_uint32 * 6)()
         _check(_libc.capset(header, data), "capset")
+    iso["seccomp"], why = lockdown.install_seccomp()
+    if why:
+        iso["seccomp_error"] = why
 
 
 def _encode(v, depth: int = 0):
@@ -276,6 +235,7 @@ def main() -> None:
             pass
 
     signal.signal(signal.SIGTERM, stop)
+    sockets = lockdown.host_unix_sockets()  # read in the host's network namespace, before leaving it
     iso = _unshare(job)
     iso["root"] = root
     iso["uid"] = job["uid"] if root else host_uid
@@ -289,9 +249,10 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if iso["mount"]:
         try:
-            _setup_mounts(job, uid, gid)
+            iso.update(lockdown.setup_mounts(job, uid, gid, sockets))
             if iso["pid"]:
-                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                ld = lockdown
+                mount("proc", "/proc", "proc", ld.MS_NOSUID | ld.MS_NODEV | ld.MS_NOEXEC)
             os.chdir("/tmp")
         except OSError as e:
             iso["mount"] = False

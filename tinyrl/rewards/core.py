@@ -2,19 +2,28 @@
 
 A reward function is `f(prompts, completions, **columns) -> list[float | None]`, where
 `columns` are the dataset columns of each row (lists as long as `completions`) plus
-`completion_ids`. TRL reward functions plug in unchanged.
+`completion_ids`. TRL reward functions plug in unchanged; a function without `**kwargs`
+gets only the columns it names. A reward that is not callable, does not take
+`completions`, or is given `kwargs` its signature does not accept fails at load.
 
-Rewards never crash a run: a function that raises, returns the wrong length, or returns
-None / NaN for a sample is counted and logged, and that sample's total is NaN (excluded
-from advantages and from the loss).
+Rewards never crash a run. A call that raises (SystemExit included), returns something
+that is not one number per completion (a dict, a 2-D list or array, the wrong length), or
+runs past the timeout scores NaN for the whole call; a sample scored None, NaN, +-inf or a
+non-number scores NaN alone. Every such failure is counted (`RewardReport.failures`, per
+component) and logged (the first few per component, then every 100th); a NaN total is
+excluded from advantages and from the loss, and never written to metrics as a number.
+Ctrl-C (KeyboardInterrupt) still stops the run.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import math
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,6 +31,7 @@ import torch
 
 log = logging.getLogger("tinyrl.rewards")
 
+DEFAULT_TIMEOUT = 300.0  # seconds per reward call (one call scores a whole batch); RewardConfig.timeout
 RewardFn = Callable[..., list]
 REWARDS: dict[str, RewardFn] = {}
 
@@ -62,7 +72,132 @@ def resolve_reward(name: str, task=None, kwargs: dict | None = None) -> RewardFn
             f"reward.functions: unknown reward {name!r}; use 'task', one of {sorted(REWARDS)}, "
             f"or 'module.path:function'."
         )
+    check_signature(name, fn, kwargs or {})
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def check_signature(name: str, fn, kwargs: dict) -> None:
+    """Fail at load, naming the reward, when `fn` cannot be called as a reward with `kwargs` bound."""
+    if not callable(fn):
+        raise RewardImportError(f"reward.functions: {name!r} is a {type(fn).__name__}, not a function")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or extension callable: nothing to check
+    params = sig.parameters.values()
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    by_name = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if "completions" not in by_name and not var_kw:
+        raise RewardImportError(
+            f"reward.functions: {name!r} must take `completions` by name (TRL's signature is "
+            f"f(prompts, completions, **columns) -> list[float | None]); its signature is {sig}")
+    unknown = sorted(set(kwargs) - by_name) if not var_kw else []
+    if unknown:
+        raise RewardImportError(f"reward.functions: {name!r} does not take the kwargs {unknown} "
+                                f"its preset gives it; its signature is {sig}")
+
+
+def _accepted_kwargs(fn) -> set[str] | None:
+    """The keyword names `fn` takes, or None when it takes any (`**kwargs`, or not inspectable)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+class _Timeout:
+    def __repr__(self) -> str:
+        return "TIMEOUT"
+
+
+TIMEOUT = _Timeout()
+
+
+def call_with_timeout(fn, kwargs: dict, timeout: float | None) -> tuple[str, Any]:
+    """Run `fn(**kwargs)`: ("ok", value), ("error", exception) or ("timeout", TIMEOUT).
+
+    With a timeout the call runs in a fresh daemon thread and the caller waits at most
+    `timeout` seconds. Threads, not processes, because a reward is any Python callable:
+    closures, partials, bound methods and lambdas do not pickle, a reward may hold state
+    (a cache, a model) that must stay in this process, and a batch's columns would be
+    copied to another process on every call. The cost: Python cannot kill a thread, so a
+    call that times out is left running in the background as a daemon thread (it dies
+    with the process; if it returns later its result is dropped). Verifiers that need a
+    real kill run their work in `tinyrl.rewards.pool.TimeoutPool` or the code sandbox.
+    A reward that must run on the main thread (one that installs signal handlers, such
+    as math-verify with its own timeouts on) needs `timeout=None`: it is then called
+    directly, with no timeout.
+
+    SystemExit and every other exception from the reward come back as ("error", e);
+    KeyboardInterrupt is raised again here (Ctrl-C stops the run, wherever it lands).
+    """
+    if timeout is None:
+        try:
+            return "ok", fn(**kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 (SystemExit from a reward must not end the run)
+            return "error", e
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn(**kwargs)
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name="tinyrl-reward", daemon=True)
+    worker.start()
+    worker.join(timeout)  # interruptible: Ctrl-C raises KeyboardInterrupt here
+    if worker.is_alive():
+        return "timeout", TIMEOUT
+    if "error" in box:
+        if isinstance(box["error"], KeyboardInterrupt):
+            raise box["error"]
+        return "error", box["error"]
+    return "ok", box.get("value")
+
+
+def as_values(out, n: int) -> list:
+    """The reward's return value as a list of `n` scalars, or ValueError saying what is wrong with it.
+
+    >>> as_values([1, None, 0.5], 3)
+    [1, None, 0.5]
+    >>> as_values({"a": 1.0}, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: returned a dict, not a list of 1 numbers (one per completion)
+    """
+    if out is None or isinstance(out, (str, bytes, Mapping)) or not hasattr(out, "__iter__"):
+        raise ValueError(f"returned a {type(out).__name__}, not a list of {n} numbers (one per completion)")
+    shape = getattr(out, "shape", None)
+    if shape is not None and len(shape) != 1:
+        raise ValueError(f"returned an array of shape {tuple(shape)}, not [{n}] (one number per completion)")
+    out = list(out)
+    if len(out) != n:
+        raise ValueError(f"returned {len(out)} values for {n} completions")
+    for k, v in enumerate(out):
+        if isinstance(v, (list, tuple, set, Mapping)) or (getattr(v, "ndim", 0) or 0) > 0:
+            raise ValueError(f"returned a 2-D value (item {k} is a {type(v).__name__}), not one number per completion")
+    return out
+
+
+def to_score(v) -> float:
+    """One sample's score as a float; NaN for None, NaN, +-inf, a string or anything that is not a number.
+
+    >>> [to_score(x) for x in (1, True, 0.5, None, float("inf"), "1.0")]
+    [1.0, 1.0, 0.5, nan, nan, nan]
+    """
+    if v is None or isinstance(v, (str, bytes)):
+        return math.nan
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
 
 
 def reward_name(spec_name: str) -> str:
@@ -73,13 +208,19 @@ def reward_name(spec_name: str) -> str:
 class RewardReport:
     failures: dict[str, int] = field(default_factory=dict)  # component -> samples that failed
     errors: dict[str, str] = field(default_factory=dict)  # component -> last exception text
+    timeouts: dict[str, int] = field(default_factory=dict)  # component -> calls cut off by the timeout
     excluded: int = 0  # samples whose total is NaN
 
 
 class RewardSet:
-    """The run's weighted reward components. Call it on a Rollouts to fill its rewards."""
+    """The run's weighted reward components. Call it on a Rollouts to fill its rewards.
 
-    def __init__(self, specs, task=None, combine: str = "sum"):
+    `timeout`: seconds one call of one reward may take (None: no limit, called on this
+    thread); see `call_with_timeout`."""
+
+    LOG_FIRST, LOG_EVERY = 3, 100  # failures logged per component: the first few, then every 100th
+
+    def __init__(self, specs, task=None, combine: str = "sum", timeout: float | None = DEFAULT_TIMEOUT):
         self.components: list[tuple[str, RewardFn, float]] = []
         for spec in specs:
             name = reward_name(spec.name)
@@ -89,7 +230,9 @@ class RewardSet:
                 name, k = f"{base}_{k}", k + 1
             self.components.append((name, resolve_reward(spec.name, task, spec.kwargs), spec.weight))
         self.combine = combine
+        self.timeout = timeout
         self.total_failures: dict[str, int] = {c[0]: 0 for c in self.components}
+        self._failed_calls: dict[str, int] = {}
 
     def score(self, prompts, completions, columns: list[dict], completion_ids=None):
         """Returns (total [N] with NaN for excluded, {name: [N]}, RewardReport)."""
@@ -110,28 +253,39 @@ class RewardSet:
         return total, comps, report
 
     def _call(self, name, fn, prompts, completions, col_lists, n, report) -> torch.Tensor:
+        kwargs = {"prompts": prompts, "completions": completions, **col_lists}
+        accepted = _accepted_kwargs(fn)
+        if accepted is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        status, out = call_with_timeout(fn, kwargs, self.timeout)
         try:
-            out = fn(prompts=prompts, completions=completions, **col_lists)
-            out = list(out)
-            if len(out) != n:
-                raise ValueError(f"returned {len(out)} values for {n} completions")
-        except Exception as e:  # a reward must never stop the run
+            if status == "timeout":
+                report.timeouts[name] = 1
+                raise TimeoutError(f"did not return within reward.timeout={self.timeout:g} s (left running "
+                                   f"in a background thread)")
+            if status == "error":
+                raise out
+            values = as_values(out, n)
+        except BaseException as e:  # noqa: BLE001 (a reward must never stop the run; KeyboardInterrupt never gets here)
             report.failures[name] = n
             report.errors[name] = f"{type(e).__name__}: {e}"
-            log.warning("reward %r raised on the whole batch (%s); %d samples excluded", name, report.errors[name], n)
+            self._log(name, "reward %r failed on the whole batch (%s); %d samples excluded", name, report.errors[name], n)
             return torch.full((n,), float("nan"))
-        vals = []
-        bad = 0
-        for v in out:
-            try:
-                f = float(v) if v is not None else math.nan
-            except (TypeError, ValueError):
-                f = math.nan
-            bad += math.isnan(f)
-            vals.append(f)
+        vals = [to_score(v) for v in values]
+        bad = [k for k, f in enumerate(vals) if math.isnan(f)]
         if bad:
-            report.failures[name] = bad
+            report.failures[name] = len(bad)
+            self._log(name, "reward %r: %d of %d samples scored no finite number (e.g. sample %d: %r); excluded",
+                      name, len(bad), n, bad[0], values[bad[0]])
         return torch.tensor(vals, dtype=torch.float32)
+
+    def _log(self, name: str, msg: str, *args) -> None:
+        """Rate-limited warning: the first LOG_FIRST failing calls of a component, then every LOG_EVERY-th."""
+        k = self._failed_calls[name] = self._failed_calls.get(name, 0) + 1
+        if k <= self.LOG_FIRST or k % self.LOG_EVERY == 0:
+            more = f" [failing call {k} of {name!r}; from now on every {self.LOG_EVERY}th is logged]" \
+                if k >= self.LOG_FIRST else ""
+            log.warning(msg + "%s", *args, more)
 
     def _combine(self, comps: dict[str, torch.Tensor]) -> torch.Tensor:
         total = None

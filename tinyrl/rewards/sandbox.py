@@ -8,21 +8,30 @@ What it does (each layer the child got is reported in `SandboxResult.isolation`,
 before any untrusted code runs):
 
 - limits: CPU seconds and address space (RLIMIT_CPU / RLIMIT_AS, per process), processes
-  and threads (RLIMIT_NPROC), open files, file size (RLIMIT_FSIZE; stdout/stderr go to an
-  anonymous host file read back up to `output_bytes`, and more scores 0), wall clock (the
+  and threads (RLIMIT_NPROC), open files, file size (RLIMIT_FSIZE), wall clock (the
   in-sandbox supervisor kills the worker; the host kills the process group as a backstop).
+  stdout/stderr go to a pipe that the host reads while the code runs: more than
+  `output_bytes` ends the run and scores 0 (a pipe cannot be truncated or seeked, so the
+  count is of what the host read, not of what a file holds at the end).
 - privileges: as root, the code runs as a fresh random uid (root ignores RLIMIT_NPROC; a
   uid of its own makes the limit count only the sandbox's processes, and leaves no other
   process it could signal), with no groups and no_new_privs (setuid binaries do not
   elevate). Not root: a user namespace, every capability dropped before the code runs.
+- system calls (`isolation["seccomp"]`, x86_64 and aarch64, with or without namespaces):
+  a seccomp filter refuses socket() of every family, socketpair() other than a connected
+  AF_UNIX stream pair, SysV shared memory / message queues / semaphores, POSIX message
+  queues, io_uring, and namespace and mount calls.
 - namespaces, where the kernel allows them: network (no interface up, not even loopback:
-  no socket reaches anything), PID (the code sees only its own processes; at the end the
-  outer process kills PID 1 and the kernel removes every process left in the namespace),
-  and mount: every mount read-only; /tmp and /dev/shm fresh small tmpfs (/tmp is the
-  working directory); home directories, the host's working directory and any directory
-  the sandbox user could not enter anyway (e.g. a Python under /root) covered by empty
-  tmpfs, with Python's import paths bound back in. Without a PID namespace, the
-  supervisor kills every process of the sandbox uid at the end and reaps them.
+  no socket reaches anything), IPC (SysV objects it makes vanish with it), PID (the code
+  sees only its own processes; at the end the outer process kills PID 1 and the kernel
+  removes every process left in the namespace), and mount: every mount read-only; /tmp a
+  fresh small tmpfs (the working directory); /dev a minimal one (null, zero, random,
+  urandom, the fd links, a fresh shm); /run, /var/run, home directories, the host's
+  working directory and any directory the sandbox user could not enter anyway (e.g. a
+  Python under /root) covered by empty tmpfs, with Python's import paths bound back in;
+  every filesystem UNIX socket the host has bound (/proc/net/unix) covered by /dev/null.
+  Without a PID namespace, the supervisor kills every process of the sandbox uid at the
+  end and reaps them.
 - integrity: for `assert f(x) == <literal>` and stdin/stdout cases the expected value
   stays in the host: the child only computes `f(x)` (or the program's output) and sends
   it as plain data, by exact builtin type (an object with a lying `__eq__` fails); the host
@@ -37,14 +46,14 @@ contention while it runs. Other asserts (`assert is_prime(7)`, loops of asserts)
 judged from what the child reports, and a program written to attack the harness can
 forge that report (it runs in the same process as the reporter); literal checks it can
 only pass by computing the value. Without namespaces (e.g. a container without
-CAP_SYS_ADMIN and without user namespaces) there is NO network isolation, /tmp and other
-world-writable places stay writable, and, when not root, the code runs as you, with
-your files: `run_tests` logs a warning once when namespaces are missing.
+CAP_SYS_ADMIN and without user namespaces) /tmp and other world-writable places stay
+writable and, when not root, the code runs as you, with your files; sockets and SysV IPC
+are then held back by the seccomp filter alone (and by nothing on an architecture
+without one). `run_tests` logs a warning once when a layer is missing.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import os
@@ -58,7 +67,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from tinyrl.rewards.sandbox_checks import Check, judge, parse_tests  # noqa: F401 (re-exported)
 
 log = logging.getLogger("tinyrl.rewards.sandbox")
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
@@ -82,14 +92,6 @@ class Limits:
 
 
 @dataclass
-class Check:
-    src: str  # what the child evaluates (kind equal/truthy/falsy) or runs (kind "run")
-    kind: str  # "equal" / "io": compare to `expected` in the host; "truthy" / "falsy"; "run": no exception
-    expected: Any = None
-    line: str = ""  # the grader's original statement, for reports
-
-
-@dataclass
 class SandboxResult:
     status: str  # "ok" | "timeout" | "crashed" | "output_limit" | "load_error" | "error"
     passed: list[bool]  # one per grader check
@@ -105,125 +107,6 @@ class SandboxResult:
         if self.status != "ok" or not self.passed:
             return 0.0
         return sum(self.passed) / len(self.passed)
-
-
-def _literal(node: ast.AST):
-    try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-
-
-def _inline_check(body: list[ast.stmt], entry_point: str | None) -> list[ast.stmt]:
-    """HumanEval style: the asserts of `def check(candidate)` become top-level, `candidate` -> entry_point
-    (by default the name the tests pass to `check(...)`)."""
-    for stmt in body:
-        if (not entry_point and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check"
-                and len(stmt.value.args) == 1 and isinstance(stmt.value.args[0], ast.Name)):
-            entry_point = stmt.value.args[0].id
-    if not entry_point:
-        return body
-    out: list[ast.stmt] = []
-    for stmt in body:
-        if isinstance(stmt, ast.FunctionDef) and stmt.name == "check" and stmt.args.args:
-            param = stmt.args.args[0].arg
-
-            class Rename(ast.NodeTransformer):
-                def visit_Name(self, node):
-                    return ast.copy_location(ast.Name(entry_point, node.ctx), node) if node.id == param else node
-
-            out += [ast.fix_missing_locations(Rename().visit(s)) for s in stmt.body]
-        elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-              and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check"):
-            continue  # the `check(f)` call: its body is inlined above
-        else:
-            out.append(stmt)
-    return out
-
-
-def _io_lines(text: str) -> list[str]:
-    return [ln.rstrip() for ln in str(text).strip().splitlines()]
-
-
-def parse_tests(tests: str | list | dict, entry_point: str | None = None) -> tuple[list[dict], list[Check]]:
-    """Grader tests -> (steps for the child, checks).
-
-    Assert statements become checks; other top-level statements (imports, helpers) run as
-    setup, in order. A list of {"input": ..., "output": ...} dicts makes stdin/stdout checks
-    (the program runs once per case; output compared line by line, trailing spaces ignored),
-    as does APPS' {"inputs": [...], "outputs": [...]} (a dict or its JSON text).
-
-    >>> steps, checks = parse_tests(["assert add(2, 2) == 4", "assert not add(0, 0)"])
-    >>> [(c.kind, c.src, c.expected) for c in checks]
-    [('equal', 'add(2, 2)', 4), ('falsy', 'add(0, 0)', None)]
-    """
-    if isinstance(tests, str) and tests.lstrip().startswith("{"):
-        tests = json.loads(tests)  # APPS / CodeContests store {"inputs": [...], "outputs": [...]} as JSON
-    if isinstance(tests, dict):
-        tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"], strict=True)]
-    if isinstance(tests, list) and tests and all(isinstance(t, dict) for t in tests):
-        checks = [Check(str(t["input"]), "io", _io_lines(t["output"]), f"io case {k}") for k, t in enumerate(tests)]
-        return [{"kind": "io", "i": k, "src": c.src} for k, c in enumerate(checks)], checks
-    source = tests if isinstance(tests, str) else "\n".join(tests)
-    body = _inline_check(ast.parse(source).body, entry_point)
-    steps: list[dict] = []
-    checks: list[Check] = []
-    for stmt in body:
-        line = ast.unparse(stmt)
-        if isinstance(stmt, ast.Assert) and _literal(stmt.test)[0]:
-            continue  # `assert True` (HumanEval has them) tests nothing: it would give free credit
-        if isinstance(stmt, ast.Assert):
-            t = stmt.test
-            check = Check(ast.unparse(t), "truthy", line=line)
-            if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
-                for expr, other in ((t.left, t.comparators[0]), (t.comparators[0], t.left)):
-                    ok, value = _literal(other)
-                    if ok and not _literal(expr)[0]:
-                        check = Check(ast.unparse(expr), "equal", value, line)
-                        break
-            elif isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
-                check = Check(ast.unparse(t.operand), "falsy", line=line)
-            steps.append({"kind": "eval", "i": len(checks), "src": check.src})
-            checks.append(check)
-        elif any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
-            checks.append(Check(line, "run", line=line))
-            steps.append({"kind": "exec", "i": len(checks) - 1, "src": line})
-        else:
-            steps.append({"kind": "exec", "src": line})
-    return steps, checks
-
-
-def _decode(v):
-    if isinstance(v, dict):
-        (tag, items), = v.items()
-        if tag == "D":
-            return {_decode(k): _decode(x) for k, x in items}
-        if tag == "B":
-            return bytes.fromhex(items)
-        if tag == "C":
-            return complex(*items)
-        items = [_decode(x) for x in items]
-        return {"L": list, "T": tuple, "S": set, "F": frozenset}[tag](items)
-    return v
-
-
-def _judge(check: Check, msg: dict) -> bool:
-    if "err" in msg:
-        return False
-    if check.kind == "run":
-        return msg.get("ok") is True
-    if "v" not in msg:
-        return False
-    try:
-        value = _decode(msg["v"])
-        if check.kind == "equal":
-            return bool(value == check.expected)
-        if check.kind == "io":
-            return type(value) is str and _io_lines(value) == check.expected
-        return bool(value) if check.kind == "truthy" else not bool(value)
-    except Exception:  # malformed report: the check fails
-        return False
 
 
 def _pick_uid() -> int:
@@ -271,33 +154,36 @@ def run_tests(code: str, tests: str | list | dict, entry_point: str | None = Non
            "uid": uid, "gid": uid, "workdir": workdir, "hide": _default_hide() if hide is None else hide,
            "preload": PRELOAD, "namespaces": namespaces}
     r, w = os.pipe()
+    out_r, out_w = os.pipe()  # stdout + stderr: a pipe, so the code cannot truncate or seek back what it wrote
     job["report_fd"] = w
     start = time.monotonic()
-    with tempfile.TemporaryFile() as out:
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", CHILD_SCRIPT], stdin=subprocess.PIPE, stdout=out_w,
+                                stderr=subprocess.STDOUT, pass_fds=(w,), close_fds=True, start_new_session=True,
+                                cwd=workdir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"})
+    except OSError as e:
+        for fd in (r, w, out_r, out_w):
+            os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return SandboxResult("error", [False] * len(checks), load_error=f"could not start the sandbox: {e}")
+    os.close(w)
+    os.close(out_w)
+    reader = _Reader(r, out_r, limits)
+    try:
         try:
-            proc = subprocess.Popen([sys.executable, "-I", CHILD_SCRIPT], stdin=subprocess.PIPE, stdout=out,
-                                    stderr=subprocess.STDOUT, pass_fds=(w,), close_fds=True, start_new_session=True,
-                                    cwd=workdir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"})
-        except OSError as e:
-            os.close(r), os.close(w), shutil.rmtree(workdir, ignore_errors=True)
-            return SandboxResult("error", [False] * len(checks), load_error=f"could not start the sandbox: {e}")
-        os.close(w)
-        try:
-            try:
-                proc.stdin.write(json.dumps(job).encode())
-                proc.stdin.close()
-            except OSError:
-                pass  # it died at once; the report says so
-            backstop = start + limits.wall_s + 10.0  # the supervisor keeps the wall time; start-up can be slow
-            msgs, done = _read_reports(r, backstop, limits.report_bytes)
-        finally:
-            os.close(r)
-            _stop(proc)
-            shutil.rmtree(workdir, ignore_errors=True)
-        wall = time.monotonic() - start
-        out.seek(0)
-        output = out.read(limits.output_bytes + 1)
-    return _result(msgs, done, checks, output, wall, limits)
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except OSError:
+            pass  # it died at once; the report says so
+        reader.run(start + limits.wall_s + 10.0)  # the supervisor keeps the wall time; start-up can be slow
+    finally:
+        os.close(r)
+        _stop(proc)
+        reader.drain(time.monotonic() + 1.0)  # what was already written; every writer is gone after _stop
+        os.close(out_r)
+        shutil.rmtree(workdir, ignore_errors=True)
+    wall = time.monotonic() - start
+    return _result(reader.msgs, reader.done, checks, bytes(reader.output), wall, limits, reader.over)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -315,32 +201,68 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read_reports(fd: int, deadline: float, max_bytes: int) -> tuple[list[dict], bool]:
-    buf, total, msgs = b"", 0, []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return msgs, False
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return msgs, False
-        total += len(chunk)
-        if total > max_bytes:
-            return msgs, False
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
+class _Reader:
+    """Reads the report pipe and the output pipe together, counting output as it arrives.
+
+    Output past `limits.output_bytes` ends the run at once (status "output_limit"): the limit
+    is enforced on what the host has read, which nothing in the sandbox can take back."""
+
+    def __init__(self, report_fd: int, out_fd: int, limits: Limits):
+        self.report_fd, self.out_fd, self.limits = report_fd, out_fd, limits
+        self.msgs: list[dict] = []
+        self.output = bytearray()
+        self.done = self.over = False
+        self._buf, self._report_bytes = b"", 0
+
+    def run(self, deadline: float) -> None:
+        fds = [self.report_fd, self.out_fd]
+        while self.report_fd in fds and not self.over:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for fd in select.select(fds, [], [], left)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    fds.remove(fd)
+                elif fd == self.out_fd:
+                    self._take_output(chunk)
+                elif self._take_report(chunk):
+                    return
+
+    def drain(self, deadline: float) -> None:
+        while not self.over and time.monotonic() < deadline:
+            if not select.select([self.out_fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return
+            chunk = os.read(self.out_fd, 65536)
+            if not chunk:
+                return
+            self._take_output(chunk)
+
+    def _take_output(self, chunk: bytes) -> None:
+        room = self.limits.output_bytes + 1 - len(self.output)
+        self.output += chunk[:max(room, 0)]
+        self.over = len(self.output) > self.limits.output_bytes
+
+    def _take_report(self, chunk: bytes) -> bool:
+        """True when the report is complete ("done" or the worker's exit), or over its size limit."""
+        self._report_bytes += len(chunk)
+        if self._report_bytes > self.limits.report_bytes:
+            return True
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
         for ln in lines:
             try:
                 msg = json.loads(ln)
             except Exception:
                 continue  # garbage on the pipe (the code wrote there): ignored
             if isinstance(msg, dict):
-                msgs.append(msg)
+                self.msgs.append(msg)
                 if msg.get("done") is True or "worker_exit" in msg:
-                    return msgs, msg.get("done") is True
+                    self.done = msg.get("done") is True
+                    return True
+        return False
 
 
-def _result(msgs, done, checks, output: bytes, wall, limits) -> SandboxResult:
+def _result(msgs, done, checks, output: bytes, wall, limits, over: bool = False) -> SandboxResult:
     ready = msgs[0] if msgs and "ready" in msgs[0] else {}
     iso = ready.get("ready", {}) if isinstance(ready.get("ready"), dict) else {}
     _warn_isolation(iso)
@@ -351,12 +273,12 @@ def _result(msgs, done, checks, output: bytes, wall, limits) -> SandboxResult:
         i = msg.get("i")
         if isinstance(i, int) and 0 <= i < len(checks) and i not in seen:  # first report of a check counts
             seen.add(i)
-            passed[i] = _judge(checks[i], msg)
+            passed[i] = judge(checks[i], msg)
         elif "load_error" in msg and load_error is None:
             load_error = str(msg["load_error"])
         elif "worker_exit" in msg:
             exit_code = msg["worker_exit"]
-    if len(output) > limits.output_bytes:
+    if over or len(output) > limits.output_bytes:
         status = "output_limit"
     elif not ready:
         status = "error"
@@ -373,15 +295,19 @@ def _result(msgs, done, checks, output: bytes, wall, limits) -> SandboxResult:
 
 
 def _warn_isolation(iso: dict) -> None:
-    missing = [k for k in ("net", "mount", "pid") if iso and not iso.get(k)]
+    """One warning per combination of missing layers, saying what that leaves open."""
+    missing = [k for k in ("net", "mount", "pid", "ipc", "seccomp") if iso and not iso.get(k)]
     key = ",".join(missing)
     if not missing or key in _warned:
         return
     _warned.add(key)
     what = []
-    if "net" in missing:
-        what.append("the network is NOT isolated")
+    if not iso.get("seccomp"):
+        what.append("sockets are NOT blocked" if "net" not in missing else "the network is NOT isolated")
+        if "ipc" in missing:
+            what.append("SysV IPC is shared with the host")
     if "mount" in missing:
         what.append("files are protected only by permissions" if iso.get("root")
                     else "the code runs as your user and can read and write your files")
-    log.warning("code sandbox: no %s namespace here; %s", "/".join(missing), "; ".join(what) or "see tinyrl.rewards.sandbox")
+    log.warning("code sandbox: missing %s; %s", "/".join(missing),
+                "; ".join(what) or "the remaining layers still hold (see tinyrl.rewards.sandbox)")

@@ -19,6 +19,7 @@ class Task:
     build: Callable[..., tuple[list[dict], list[dict]]]  # (num_train, num_eval, seed, **args) -> (train, eval)
     is_correct: Callable[[str, dict], bool]  # (completion, row) -> correct?
     stop: list[str] = field(default_factory=list)  # stop strings the task's answers end with
+    scores: Callable[[str, dict], dict[str, float]] | None = None  # extra per-sample scores for evaluation (em, f1)
 
     def reward(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float | None]:
         """1.0 for a correct completion, 0.0 otherwise (TRL reward signature)."""
@@ -43,3 +44,4 @@ def get_task(name: str) -> Task:
 # Built-in tasks register themselves on import.
 from tinyrl.tasks import arithmetic  # noqa: E402,F401
 from tinyrl.tasks import reasoning_gym_task  # noqa
+from tinyrl.tasks import search_qa  # noqa
