@@ -231,6 +231,21 @@ class LogConfig:
 
 
 @dataclass
+class DistConfig:
+    """Scale-out (tinyrl.distributed). `nproc` > 1 makes `tinyrl train` re-launch itself through
+    `accelerate launch` with the packaged `accelerate_config`; under a launcher the world size is the
+    launcher's. train.prompts_per_step is the global batch: it must divide by the process count."""
+
+    nproc: int = 1  # processes (one per GPU); 1 = this process only
+    accelerate_config: Literal["ddp", "zero3", "fsdp2"] = "ddp"  # tinyrl/assets/accelerate/<name>.yaml
+    timeout_s: float = 600.0  # the longest any process waits for another (a dead or stalled rank)
+
+    def validate(self, p: str) -> None:
+        _check(self.nproc >= 1, f"{p}.nproc", f"must be >= 1, got {self.nproc}")
+        _check(0 < self.timeout_s < math.inf, f"{p}.timeout_s", f"must be > 0 and finite, got {self.timeout_s}")
+
+
+@dataclass
 class RunConfig:
     description: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -243,8 +258,12 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def validate(self, p: str = "") -> None:
+        _check(self.train.prompts_per_step % self.dist.nproc == 0, "train.prompts_per_step",
+               f"must divide by dist.nproc = {self.dist.nproc} (every process takes whole groups), "
+               f"got {self.train.prompts_per_step}")
         completions = self.train.prompts_per_step * self.rollout.num_generations
         _check(
             completions % self.train.micro_batch_size == 0,

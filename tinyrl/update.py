@@ -130,18 +130,26 @@ def rows_to_compute(batch: Rollouts, algo) -> torch.Tensor:
 
 
 def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float, micro_batch: int,
-                  max_grad_norm: float, max_len: int, score_rest: bool = True) -> UpdateResult:
+                  max_grad_norm: float, max_len: int, score_rest: bool = True, dist=None) -> UpdateResult:
     """One optimiser step over the whole batch (gradient accumulation over micro-batches).
 
     `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`); `max_len`
     is `rollout.max_new_tokens`, Dr. GRPO's constant normaliser. A batch with no learning signal
     (every advantage 0 and no KL or LLDS term: all groups solved or all failed) is not stepped:
     AdamW would still move the weights on its momentum and weight decay, drifting the policy on a
-    batch that says nothing."""
+    batch that says nothing.
+
+    `dist` (tinyrl.distributed; default: one process): `batch` is this rank's share of the global
+    batch. The normalisers, the no-signal and non-finite decisions are global, and the gradients are
+    summed over ranks once, before clipping, so every rank takes the step one process takes."""
+    from tinyrl.distributed import Dist
+
+    dist = dist or Dist()
     loss_mask = batch.loss_mask.float()
-    totals = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
+    local = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
+    totals = BatchTotals(dist.all_reduce_sum(local.num_tokens), dist.all_reduce_sum(local.num_seqs), local.max_len)
     rows = rows_to_compute(batch, algo)
-    no_signal = rows.numel() == 0
+    no_signal = dist.all_reduce_sum(rows.numel()) == 0
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
     N, T = loss_mask.shape
@@ -175,9 +183,12 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
             scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
             keep = loss_mask[rest]
             logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    finite = not dist.any(not finite)
     if no_signal:
         grad_norm, skipped = 0.0, False
     else:
+        if finite:
+            dist.all_reduce_grads(params)  # the one gradient exchange of the step
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
         skipped = not (finite and math.isfinite(grad_norm))
         if skipped:
