@@ -514,6 +514,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return keys, load_yaml(raw, f"override {text!r}") if raw.strip() else ""
 
 
+def dotted(layer: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested layer as dotted fields, so that applying it sets fields, not whole sections.
+
+    >>> dotted({"train": {"lr": 0.1, "steps": 5}, "description": "x"})
+    {'train.lr': 0.1, 'train.steps': 5, 'description': 'x'}
+    """
+    out: dict[str, Any] = {}
+    for k, v in layer.items():
+        if isinstance(v, dict) and v:
+            out.update(dotted(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def apply_overrides(data: dict, overrides: dict[str, Any] | list[str]) -> dict:
     """Apply one layer of dotted overrides (["a.b=1"] or {"a.b": 1}) to a nested dict, in place.
 
@@ -547,10 +562,13 @@ def load_config(
     if isinstance(data.get("algo"), dict):
         data["algo"] = apply_recipe(data["algo"])  # the preset's own recipe, under its own fields
     profiles = data.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
+        raise ConfigError(f"profiles: must map profile names to sections of fields (e.g. 8xh100: {{train: "
+                          f"{{prompts_per_step: 64}}}}), got {profiles!r:.80}")
     if profile is not None:
         if profile not in profiles:
             raise ConfigError(f"--profile {profile!r}: this preset defines {sorted(profiles) or 'no profiles'}")
-        apply_overrides(data, profiles[profile])
+        apply_overrides(data, dotted(profiles[profile]))  # field by field: the base's other fields stay
     if overrides:
         apply_overrides(data, overrides)
     return name, config_from_dict(data)

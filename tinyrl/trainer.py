@@ -166,8 +166,8 @@ class Trainer:
         # [dist] metrics and samples over every rank's rows (the same on every rank: the monitor agrees)
         whole, d = distributed.gather_batch(self.dist, batch), self.dist
         metrics = step_metrics(self, whole, distributed.gather_update(d, first, batch),
-                               distributed.gather_update(d, last, batch), {**gen_stats, **adv_stats, **moved},
-                               time.perf_counter() - t0, t_gen)
+                               distributed.gather_update(d, last, batch), {**gen_stats, **adv_stats, **moved,
+                               "processes": d.world}, time.perf_counter() - t0, t_gen)
         return metrics, samples_of(whole, self.step, cfg.log.samples_per_step)
 
     # ------------------------------------------------------------------ phases
