@@ -81,7 +81,7 @@ def _resume(path: Path, preset, profile, overrides: dict):
             raise checkpoint.ResumeError(f"--resume {path}: no checkpoint in {run.ckpt_dir} to continue from "
                                          f"(set train.save_every to checkpoint during a run)")
         trainer = Trainer(cfg, run)
-            ckpt = checkpoint.load_latest(trainer, run)
+        ckpt = checkpoint.load_latest(trainer, run)
         changed = config_changes(ckpt.state.get("config") or old, cfg.to_dict())
         if changed:
             log.warning("--resume: the config differs from the one checkpoint %s was trained with: %s",
