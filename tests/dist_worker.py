@@ -3,10 +3,11 @@ run alone: trains a preset with overrides through the public API, then writes wh
 
     python tests/dist_worker.py OUT_DIR [--resume RUN_DIR] [section.field=value ...]
 
-OUT_DIR/rank<r>.pt: {"world": processes, "adapter": this rank's trainable tensors (after training),
+OUT_DIR/pid<r>: this rank's process id, written first. OUT_DIR/rank<r>.pt: {"world": processes, "adapter": this rank's trainable tensors (after training),
 "trained_rows": rows each policy_update call trained on (per call, this rank)}.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 
 def main(argv: list[str]) -> None:
     out, args = Path(argv[0]), argv[1:]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"pid{os.environ.get('RANK', '0')}").write_text(str(os.getpid()))  # for the kill -9 test
     resume = None
     if args and args[0] == "--resume":
         resume, args = args[1], args[2:]

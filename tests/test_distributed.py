@@ -181,3 +181,40 @@ def test_nproc_relaunches_through_accelerate(tmp_path):
 
     assert [r["processes"] for r in read_jsonl(tmp_path / "cli" / "metrics.jsonl")] == [2]
     assert (tmp_path / "cli" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_rank_stops_the_run_and_resume_continues(tmp_path):
+    import signal
+    import time
+
+    from tinyrl import checkpoint
+    from tinyrl.runs import RunDir, read_jsonl
+
+    out, run = tmp_path / "killed", tmp_path / "runs" / "k"
+    args = BASE + ["train.steps=10", "train.save_every=2", f"log.run_dir={tmp_path / 'runs'}", "log.name=k"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29960", WORKER, str(out), *args]
+    p = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not RunDir(run).checkpoints() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.kill(int((out / "pid1").read_text()), signal.SIGKILL)  # rank 1 dies mid-run
+    t0 = time.monotonic()
+    _, err = p.communicate(timeout=120)  # the others stop: no hang
+    assert p.returncode != 0 and time.monotonic() - t0 < 120
+    assert not (out / "rank0.pt").exists()  # rank 0 did not finish the run as if nothing happened
+    last = RunDir(run).checkpoints()[-1]
+    checkpoint.read(last)  # the newest checkpoint is whole
+    step = int(last.name.split("-")[1])
+    assert 2 <= step < 10
+
+    resumed = _launch(2, tmp_path / "resumed", ["--resume", str(run)], 29970)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 11)) and all(r["processes"] == 2 for r in rows)
+    one, _ = _run(1, tmp_path, "one", ["train.steps=10"], 0)
+    a = one[0]["adapter"]
+    b = torch.load(tmp_path / "resumed" / "rank0.pt")["adapter"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)  # resumed 2 ranks = 1 uninterrupted
