@@ -11,9 +11,10 @@ finished rows from the batch and the KV cache, so short answers stop costing com
 
 Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
 repeated n times (prompt-major rows), then decoding starts from each context's last token.
-Each context samples from its own seeded generator: stream (`seed`, `params.stream` + i) when the
-caller names the stream (the trainer: the prompt's position in the run's prompt stream, so a
-prompt draws the same samples in whichever batch or process it lands), else (`seed`, `calls`, i).
+When the caller names a stream (`params.stream`; the trainer: the prompt's position in the run's
+prompt stream), context i samples from its own generator seeded by (`seed`, stream + i), so a prompt
+draws the same samples in whichever batch or process it lands; else one generator per call
+(`seed`, `calls`).
 A resumed run draws the same samples; the global torch RNG is not touched.
 """
 
@@ -42,9 +43,11 @@ class HFEngine:
     @torch.no_grad()
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
                max_new: list[int] | None = None) -> list[list[Sample]]:
-        keys = [("prompt", params.stream + i) if params.stream is not None else ("call", self.calls, i)
-                for i in range(len(contexts))]
-        gens = [torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, *k)) for k in keys]
+        if params.stream is None:  # one generator for the call
+            gens = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
+        else:  # one per context, keyed by its position in the caller's stream
+            gens = [torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, "prompt", params.stream + i))
+                    for i in range(len(contexts))]
         self.calls += 1
         budget = torch.tensor(max_new if max_new is not None else [params.max_new_tokens] * len(contexts))
         was_training = self.model.training
@@ -117,7 +120,12 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
         h = trunk(input_ids=cur, attention_mask=attn, position_ids=pos[:, None], use_cache=True,
                   **{kw: cache}).last_hidden_state[:, -1]
         logp = torch.log_softmax(head(h).float() / temperature, -1)
-        nxt = logp.argmax(-1) if greedy else _draw_per_context(logp, params.top_p, gens, live // n)
+        if greedy:
+            nxt = logp.argmax(-1)
+        elif isinstance(gens, torch.Generator):
+            nxt = _draw(logp, params.top_p, gens)
+        else:
+            nxt = _draw_per_context(logp, params.top_p, gens, live // n)
         chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)
         left -= 1
         ids_l, lp_l = nxt.tolist(), chosen.tolist()
