@@ -122,7 +122,12 @@ def train(preset=None, profile=None, resume=None, **overrides):
     """Train a preset (or continue `resume`, a run folder); returns the finished `Run`.
 
     The run folder gets summary.json and report.txt even when training stops on an error
-    (the stale-weights canary, a crash): the report is most useful exactly then."""
+    (the stale-weights canary, a crash): the report is most useful exactly then.
+    A config with `stages` (sft, grpo, rest_em, star) runs them in order (tinyrl/stages.py)."""
+    from tinyrl.stages import run_stages, staged
+
+    if staged(preset, profile, resume, _split_overrides(overrides)):
+        return run_stages(preset, profile, resume, _split_overrides(overrides))
     trainer = build_trainer(preset, profile, resume, overrides)
     run, error = None, None
     try:

@@ -77,7 +77,7 @@ def cmd_train(ns) -> int:
     from tinyrl.config import parse_override
 
     preset, overrides = _split(ns.args)
-    if ns.nproc is not None:
+    if getattr(ns, "nproc", None) is not None:  # `tinyrl sft` has no --nproc
         overrides.append(f"dist.nproc={ns.nproc}")
     code = _relaunch(ns, preset, overrides)
     if code is not None:
@@ -103,6 +103,14 @@ def cmd_train(ns) -> int:
     if run.alarms:
         print(f"alarms: {', '.join(sorted({a['name'] for a in run.alarms}))} (see {run.path / 'alarms.jsonl'})")
     return 0
+
+
+def cmd_sft(ns) -> int:
+    """`tinyrl sft PRESET [data=FILE]`: `tinyrl train` with stages=[sft]; a bare data=... is sft.data."""
+    ns.args = [f"sft.{a}" if a.startswith("data=") else a for a in ns.args]
+    if ns.resume is None:
+        ns.args.append("stages=[sft]")
+    return cmd_train(ns)
 
 
 def cmd_presets(ns) -> int:
@@ -142,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--nproc", type=int, metavar="N",
                    help="train in N processes (one per GPU) through accelerate launch (dist.nproc=N)")
     t.set_defaults(fn=cmd_train)
+    f = sub.add_parser("sft", help="LoRA/QLoRA SFT through TRL (prompt/completion rows, a run folder's samples, "
+                                   "or the task's answers)")
+    f.add_argument("args", nargs="*", help="[PRESET] [data=FILE|RUN_DIR] [section.field=value ...]")
+    f.add_argument("--profile", help="hardware profile defined in the preset")
+    f.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    f.set_defaults(fn=cmd_sft)
     sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
     e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
     e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")

@@ -240,20 +240,38 @@ def quiet_third_party_noise() -> None:
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+def resolve_adapter(path: str) -> str:
+    """A peft adapter folder, given it or a run folder that holds one in adapter/."""
+    p = Path(path).expanduser()
+    for candidate in (p, p / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            check_adapter_folder(str(candidate))
+            return str(candidate)
+    check_adapter_folder(path)  # raises, naming what is missing
+    return path
+
+
 def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
-    """(peft model, tokenizer). With `adapter`, load saved LoRA weights (trainable)."""
+    """(peft model, tokenizer). With `adapter` (an adapter or run folder), load saved LoRA weights (trainable)."""
     quiet_third_party_noise()
     if adapter is not None:
-        check_adapter_folder(adapter)  # before the (slow) base model load
+        adapter = resolve_adapter(adapter)  # checked before the (slow) base model load
     resolved = resolve_model(cfg_model.name, cfg_model.gguf_file)
     if cfg_model.backend == "unsloth":
+        if adapter is not None:
+            raise ModelLoadError("model.adapter is not supported with model.backend 'unsloth' yet")
         return _load_unsloth(cfg_model, cfg_lora, resolved)
     tok = load_tokenizer(resolved)
     base = load_base_model(cfg_model, resolved)
     if adapter is None:
         return add_lora(base, cfg_lora, cfg_model.gradient_checkpointing), tok
-    from peft import PeftModel
+    from peft import PeftModel, prepare_model_for_kbit_training
 
+    if getattr(base, "is_loaded_in_4bit", False):  # as add_lora prepares a 4-bit base for training
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=cfg_model.gradient_checkpointing)
+    elif cfg_model.gradient_checkpointing:
+        base.gradient_checkpointing_enable()
+        base.enable_input_require_grads()
     try:
         return PeftModel.from_pretrained(base, adapter, is_trainable=True), tok
     except Exception as e:

@@ -73,7 +73,7 @@ class Trainer:
         self.dist = distributed.setup(cfg.dist.timeout_s)  # [dist] one process, or this rank of the launch
         distributed.check_world(cfg.train.prompts_per_step, self.dist.world)  # [dist]
         torch.manual_seed(cfg.train.seed)
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.lora)
+        self.model, self.tokenizer = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
         self.device = self.dist.device  # [dist] cuda:<local rank> (or the CPU)
         if not getattr(self.model, "is_loaded_in_4bit", False):
             self.model.to(self.device)
