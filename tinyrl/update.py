@@ -157,32 +157,41 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     acc: dict[str, float] = {}
     loss_total, finite = 0.0, True
     pick = lambda t, mb, dev: None if t is None else t[mb.rows, :mb.completion_end].to(dev)  # noqa: E731
-    for mb in micro_batches(batch, rows, micro_batch):
-        h = completion_hidden(model, batch, mb)
-        weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
-        dev, t1 = h.device, mb.completion_end
-        adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
-        out = kernels.fused_linear_grpo_loss(
-            h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
-            algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
-            rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
-            temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
-        if not torch.isfinite(out.loss):
-            finite = False
-            break
-        out.loss.backward()
-        loss_total += float(out.loss.detach())
-        logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
-        entropy[mb.rows, :t1] = out.entropy.float().cpu()
-        w = out.stats.get("tokens", 0.0)
-        for k, v in out.stats.items():
-            acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
-    if score_rest and finite:  # the rows without gradient: their logprobs and entropies only, no graph
-        rest = torch.nonzero((loss_mask.sum(-1) > 0) & ~torch.isin(torch.arange(N), rows)).squeeze(-1)
-        if rest.numel():
-            scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
-            keep = loss_mask[rest]
-            logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    oom = False
+    try:
+        for mb in micro_batches(batch, rows, micro_batch):
+            h = completion_hidden(model, batch, mb)
+            weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
+            dev, t1 = h.device, mb.completion_end
+            adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
+            out = kernels.fused_linear_grpo_loss(
+                h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
+                algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
+                rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
+                temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
+            if not torch.isfinite(out.loss):
+                finite = False
+                break
+            out.loss.backward()
+            loss_total += float(out.loss.detach())
+            logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
+            entropy[mb.rows, :t1] = out.entropy.float().cpu()
+            w = out.stats.get("tokens", 0.0)
+            for k, v in out.stats.items():
+                acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
+        if score_rest and finite:  # the rows without gradient: their logprobs and entropies only, no graph
+            rest = torch.nonzero((loss_mask.sum(-1) > 0) & ~torch.isin(torch.arange(N), rows)).squeeze(-1)
+            if rest.numel():
+                scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
+                keep = loss_mask[rest]
+                logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    except torch.OutOfMemoryError:
+        if dist.world == 1:
+            raise
+        oom = True
+    if dist.any(oom):  # every rank redoes the step with a smaller micro-batch, or none would match the others
+        optimizer.zero_grad(set_to_none=True)
+        raise torch.OutOfMemoryError("out of memory in the update on one of the processes")
     finite = not dist.any(not finite)
     if no_signal:
         grad_norm, skipped = 0.0, False
