@@ -3,6 +3,7 @@ run alone: trains a preset with overrides through the public API, then writes wh
 
     python tests/dist_worker.py OUT_DIR [--resume RUN_DIR] [section.field=value ...]
 
+TINYRL_TEST_OOM_RANK=r: rank r's first policy-loss call raises an out-of-memory error.
 OUT_DIR/pid<r>: this rank's process id, written first. OUT_DIR/rank<r>.pt: {"world": processes, "adapter": this rank's trainable tensors (after training),
 "trained_rows": rows each policy_update call trained on (per call, this rank)}.
 """
@@ -34,6 +35,18 @@ def main(argv: list[str]) -> None:
         return result
 
     trainer_mod.policy_update = counting_update
+    if os.environ.get("TINYRL_TEST_OOM_RANK") == os.environ.get("RANK", "0"):  # one injected OOM on this rank
+        from tinyrl import update
+
+        real_loss, fired = update.kernels.fused_linear_grpo_loss, []
+
+        def oom_once(*a, **k):
+            if not fired:
+                fired.append(1)
+                raise torch.OutOfMemoryError("injected by tests/dist_worker.py")
+            return real_loss(*a, **k)
+
+        update.kernels.fused_linear_grpo_loss = oom_once
     t = api.build_trainer(resume=resume, overrides=kv)
     try:
         t.train()

@@ -218,3 +218,18 @@ def test_kill_9_of_one_rank_stops_the_run_and_resume_continues(tmp_path):
     a = one[0]["adapter"]
     b = torch.load(tmp_path / "resumed" / "rank0.pt")["adapter"]
     assert all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a)  # resumed 2 ranks = 1 uninterrupted
+
+
+@pytest.mark.slow
+def test_an_out_of_memory_error_on_one_rank_halves_the_micro_batch_on_all(tmp_path, monkeypatch):
+    """Rank 1's first loss call runs out of memory: both ranks redo the step with micro-batch 4
+    (not only rank 1, whose collectives would then no longer match rank 0's), and the run still
+    trains the adapter one process trains without the error."""
+    monkeypatch.setenv("TINYRL_TEST_OOM_RANK", "1")
+    two, m2 = _run(2, tmp_path, "two", [], 29990)
+    monkeypatch.delenv("TINYRL_TEST_OOM_RANK")
+    one, _ = _run(1, tmp_path, "one", [], 0)
+    assert [r["micro_batch_now"] for r in m2] == [4, 4, 4] and m2[0]["oom_retries_total"] == 1
+    a, b0, b1 = one[0]["adapter"], two[0]["adapter"], two[1]["adapter"]
+    assert all(torch.equal(b0[k], b1[k]) for k in b0)
+    assert all(torch.allclose(a[k], b0[k], atol=1e-5, rtol=1e-4) for k in a)
