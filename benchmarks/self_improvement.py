@@ -40,7 +40,7 @@ def child(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     import tinyrl
-    from tinyrl.api import evaluate  # not tinyrl.evaluate: importing the tinyrl.evaluate module shadows it
+    from tinyrl.api import evaluate
     from tinyrl.runs import RunDir
 
     method, seed, points, root = spec["method"], spec["seed"], spec["points"], spec["root"]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tinyrl.config import config_from_dict, load_config
+from tinyrl.errors import ConfigError
 from tinyrl.runs import RunDir, atomic_write_text, truncate_jsonl
 
 log = logging.getLogger("tinyrl")
@@ -157,22 +158,27 @@ def _write_summary(trainer, run, error: str | None) -> None:
     write_report(trainer.run.path)
 
 
-def evaluate(preset=None, adapter=None, **overrides) -> float:
-    """Held-out greedy pass@1 of the preset's model; `adapter` is a run folder or adapter folder."""
-    from tinyrl.data import load_rows, render_prompt
-    from tinyrl.evaluation import accuracy
+def evaluate(preset=None, adapter=None, report: bool = False, **overrides):
+    """Held-out greedy pass@1 of the preset's model; `adapter` is a run folder or adapter folder.
+
+    With `report=True`, the whole `tinyrl.evaluation.EvalReport`: the task's own scores (EM, F1)
+    and, for agent presets, tool calls / turns / tool error rate per question. The rollout is the
+    HF engine (one card or a CPU), multi-turn when the preset's `agent.enabled`."""
+    from tinyrl.data import load_rows
+    from tinyrl.evaluation import evaluate_rows
     from tinyrl.model import load_policy
+    from tinyrl.rollout import make_engine, prompt_renderer
     from tinyrl.rollout.base import SamplingParams
-    from tinyrl.rollout.hf import HFEngine
 
     _, cfg = load_config(preset, _split_overrides(overrides))
-    if adapter is not None and (Path(adapter) / "adapter").is_dir():
-        adapter = Path(adapter) / "adapter"
     model, tok = load_policy(cfg.model, cfg.lora, adapter=str(adapter) if adapter else None)
     _, rows, task = load_rows(cfg.data)
     if task is None:
-        raise ValueError("evaluate needs a built-in task with a verifier (data.task)")
+        raise ConfigError("data.task: evaluate needs a built-in task with a verifier (data.task)")
+    engine = make_engine("hf", model, tok, cfg, seed=cfg.train.seed, task=task)
+    render = prompt_renderer(engine, tok, cfg.data)
     for r in rows:
-        r["rendered"] = render_prompt(tok, r["prompt"], cfg.data)
+        r["rendered"] = render(r["prompt"])
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop) or task.stop)
-    return accuracy(HFEngine(model, tok), rows, task, params)
+    result = evaluate_rows(engine, rows, task, params)
+    return result if report else result.accuracy

@@ -128,8 +128,10 @@ def cmd_eval(ns) -> int:
 
     preset, overrides = _split(ns.args)  # `eval a.b=1`: no preset
     kv = {".".join(k): v for k, v in map(parse_override, overrides)}
-    acc = evaluate(preset, adapter=ns.adapter, **kv)
-    print(f"held-out accuracy (greedy pass@1): {100 * acc:.1f}%")
+    if ns.gaia is not None:  # GAIA's metadata.jsonl, scored with GAIA's own scorer
+        kv.update({"data.task": "gaia", "data.task_args": {"path": ns.gaia}})
+    result = evaluate(preset, adapter=ns.adapter, report=True, **kv)
+    print("\n".join(result.lines()))
     return 0
 
 
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
     e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
+    e.add_argument("--gaia", metavar="METADATA_JSONL", help="score GAIA questions (its metadata.jsonl) with GAIA's scorer")
     e.set_defaults(fn=cmd_eval)
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")

@@ -16,7 +16,7 @@ class EvalReport:
     agent: dict[str, float] = field(default_factory=dict)  # multi-turn only: tool calls, turns, errors
 
     def lines(self) -> list[str]:
-        out = [f"held-out accuracy (greedy pass@1): {100 * self.accuracy:.1f}%  ({self.n} prompts)"]
+        out = [f"held-out accuracy (greedy pass@1): {100 * self.accuracy:.1f}%", f"  prompts: {self.n}"]
         out += [f"  {k}: {v:.3f}" for k, v in self.scores.items()]
         out += [f"  {k}: {v:.3f}" for k, v in self.agent.items()]
         return out

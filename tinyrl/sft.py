@@ -376,7 +376,7 @@ class HeldOut:
         self.params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens, stop)
 
     def __call__(self, model, tokenizer) -> float | None:
-        from tinyrl.evaluate import accuracy
+        from tinyrl.evaluation import accuracy
         from tinyrl.rollout import make_engine
 
         if not (self.cfg.train.eval_before_after and self.task and self.rows):

@@ -37,13 +37,13 @@ from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
 from tinyrl.config import RunConfig
-from tinyrl.data import PromptSource, load_rows, render_prompt
+from tinyrl.data import PromptSource, load_rows
 from tinyrl.evaluation import accuracy
 from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.model import load_policy
 from tinyrl.monitor import Monitor, apply_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
-from tinyrl.rollout import make_engine
+from tinyrl.rollout import make_engine, prompt_renderer
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import RunDir
 from tinyrl.update import UpdateResult, policy_update, score
@@ -78,11 +78,11 @@ class Trainer:
         if not getattr(self.model, "is_loaded_in_4bit", False):
             self.model.to(self.device)
         self.dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])  # [dist] one adapter
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, seed=cfg.train.seed)
-
         train_rows, self.eval_rows, self.task = load_rows(cfg.data)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, seed=cfg.train.seed, task=self.task)
+        render = prompt_renderer(self.engine, self.tokenizer, cfg.data)
         for r in train_rows + self.eval_rows:
-            r["rendered"] = render_prompt(self.tokenizer, r["prompt"], cfg.data)
+            r["rendered"] = render(r["prompt"])
         self.prompts = PromptSource(train_rows, cfg.data.seed, self.dist.rank, self.dist.world)  # [dist]
         self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])

@@ -51,6 +51,12 @@ class EchoEnv:
         return [Result(f"obs{self.steps}:" + c.arguments["q"] * 3) for c in calls]
 
 
+def echo_env(row):  # the factory contract: an environment already reset with its row
+    env = EchoEnv()
+    env.reset(row)
+    return env
+
+
 @pytest.fixture(scope="module")
 def char_policy(tmp_path_factory):
     """A random Llama over tiny-arith's printable-ASCII tokenizer: it emits "]" and "!" often."""
@@ -94,7 +100,7 @@ def agent(policy, max_turns=3, max_obs=12, mask=True, seed=0):
     model, tok = policy
     cfg = SimpleNamespace(max_turns=max_turns, max_obs_tokens=max_obs, mask_observations=mask)
     inner = Recording(HFEngine(model, tok, seed=seed))
-    return AgentEngine(inner, tok, ToyFormat(), lambda row: EchoEnv(), cfg), inner
+    return AgentEngine(inner, tok, ToyFormat(), echo_env, cfg), inner
 
 
 PROMPTS = ["ab", "xyz"]

@@ -22,7 +22,9 @@ Each trajectory is one `Rollouts` row whose completion is every token after the 
   fixed observation with an error kind, counted in `trajectories[i]["tool_errors"]`.
 
 The call format (`fmt`: stop, final, parse, observation) and the environments (one per
-trajectory, `env_factory(row)` with `reset(row)` and `step(calls)`) come from `tinyrl.agents`.
+trajectory: `env_factory(row)` returns one already reset with `row`; the loop calls its
+`step(calls)`) come from `tinyrl.agents`; `AgentEngine.from_config` builds them from a run's
+`agent:` section and task (`tinyrl.rollout.make_engine` does when `agent.enabled`).
 """
 
 from __future__ import annotations
@@ -62,9 +64,26 @@ class Trajectory:
 class AgentEngine:
     """A RolloutEngine that runs multi-turn tool episodes on top of a sampling engine."""
 
-    def __init__(self, inner, tokenizer, fmt, env_factory, agent_cfg, workers: int = 8):
+    def __init__(self, inner, tokenizer, fmt, env_factory, agent_cfg, workers: int = 8, toolbox=None):
         self.inner, self.tokenizer, self.fmt, self.env_factory, self.cfg = inner, tokenizer, fmt, env_factory, agent_cfg
         self.workers = workers
+        self.toolbox = toolbox  # the tools the prompt describes (None: the format's own instructions only)
+
+    @classmethod
+    def from_config(cls, inner, tokenizer, agent_cfg, task=None) -> "AgentEngine":
+        """The run's agent: call format, tools and environments from its `agent:` section; the
+        task supplies defaults such as the corpus the `search` tool reads."""
+        from tinyrl.agents import build_agent
+
+        setup = build_agent(agent_cfg, task)
+        return cls(inner, tokenizer, setup.format, setup.make_env, agent_cfg, toolbox=setup.toolbox)
+
+    def render(self, prompt: str, cfg_data) -> str:
+        """A user prompt rendered for this agent: chat template with the format's system prompt
+        (and, for templates that render tools, the tool schemas); `tinyrl.data.render_prompt` otherwise."""
+        from tinyrl.agents.prompts import render_agent_prompt
+
+        return render_agent_prompt(self.tokenizer, prompt, self.fmt, self.toolbox, cfg_data)
 
     # ------------------------------------------------------------------ RolloutEngine
 
@@ -109,9 +128,7 @@ class AgentEngine:
     # ------------------------------------------------------------------ turns
 
     def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
-        env = self.env_factory(row)
-        env.reset(row)
-        return Trajectory(list(prompt_ids), row, env)
+        return Trajectory(list(prompt_ids), row, self.env_factory(row))  # the factory resets it with row
 
     def _advance(self, trajs: list[Trajectory], samples, budget: int) -> None:
         """Append each trajectory's new turn; run the tool calls of those that made one."""

@@ -74,11 +74,20 @@ def is_correct(completion: str, row: dict) -> bool:
     return em_check(extract_answer(completion), row["golden_answers"])
 
 
+def qa_scores(completion: str, row: dict) -> dict[str, float]:
+    """Search-R1's EM and token F1 of the last `<answer>` (the evaluation report's extra columns)."""
+    from tinyrl.rewards.qa import em_check, extract_answer, f1_score
+
+    answer = extract_answer(completion)
+    return {"em": float(em_check(answer, row["golden_answers"])), "f1": f1_score(answer, row["golden_answers"])}
+
+
 register_task(SearchTask(
     name="search_qa",
     description="multi-hop questions answered by searching a corpus (default: the shipped offline world); EM",
     build=build,
     is_correct=is_correct,
+    scores=qa_scores,
     corpus=str(world_dir() / "corpus.jsonl"),
 ))
 
