@@ -56,10 +56,15 @@ def _relaunch(ns, preset: str | None, overrides: list[str]) -> int | None:
 
     if distributed.launched_world() > 1:
         return None
-    if ns.resume:
-        cfg = config_from_dict(apply_overrides(RunDir(ns.resume).config(), overrides))
-    else:
-        cfg = load_config(preset, overrides, ns.profile)[1]
+    from tinyrl.errors import ConfigError
+
+    try:
+        if ns.resume:
+            cfg = config_from_dict(apply_overrides(RunDir(ns.resume).config(), overrides))
+        else:
+            cfg = load_config(preset, overrides, ns.profile)[1]
+    except (ConfigError, OSError):
+        return None  # a bad config or run folder: the run here reports it, in its own words
     if cfg.dist.nproc <= 1:
         return None
     args = ["train", *([preset] if preset else []), *overrides, f"dist.nproc={cfg.dist.nproc}",
