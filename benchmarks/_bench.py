@@ -291,7 +291,8 @@ def run_trl(spec, root: str) -> dict:
     B, G, micro = spec["prompts"], spec["generations"], spec["micro_batch"]
     args = GRPOConfig(
         output_dir=os.path.join(root, "trl"), use_cpu=True, report_to="none", bf16=False, fp16=False,
-        gradient_checkpointing=False,  # GRPOConfig's default is True; tinyrl's is False
+        # GRPOConfig's default is True; tinyrl's is False (vs_trl.py --trl-defaults turns it on here)
+        gradient_checkpointing=bool(spec.get("trl_gradient_checkpointing", False)),
         per_device_train_batch_size=micro, gradient_accumulation_steps=B * G // micro,  # = steps_per_generation
         num_generations=G, max_completion_length=spec["max_new_tokens"],
         temperature=spec["temperature"], top_p=1.0, top_k=0,

@@ -43,6 +43,7 @@ def test_wheel_ships_presets_assets_and_kernels(wheel):
               and "__pycache__" not in p.parts]
     assert all(f"tinyrl/{a}" in names for a in assets)
     assert "tinyrl/kernels/__init__.py" in names
+    assert {"tinyrl/apps/__init__.py", "tinyrl/apps/ui.py", "tinyrl/apps/launcher.py"} <= names  # `tinyrl ui`
     assert "tinyrl/assets/tiny-arith/model.safetensors" in names
 
 

@@ -147,6 +147,17 @@ def cmd_report(ns) -> int:
     return 0
 
 
+def cmd_ui(ns) -> int:
+    from tinyrl.apps.server import ExposureError, MissingExtraError, serve
+
+    try:
+        serve(host=ns.host, port=ns.port, runs_dir=ns.runs_dir, share=ns.share, auth=ns.auth)
+    except (ExposureError, MissingExtraError) as e:
+        print(f"tinyrl: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tinyrl", description="GRPO with LoRA/QLoRA on one GPU or a CPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -172,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")
     r.set_defaults(fn=cmd_report)
+    u = sub.add_parser("ui", help="web UI to launch, watch, stop, resume and compare runs (pip install 'tinyrl[ui]')")
+    u.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others need --auth)")
+    u.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
+    u.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
+    u.add_argument("--share", action="store_true", help="also a public gradio share link (needs --auth)")
+    u.add_argument("--auth", metavar="USER:PASS", help="require this login (needed off localhost and with --share)")
+    u.set_defaults(fn=cmd_ui)
     ns, extra = p.parse_known_args(argv)  # overrides may come after an option: `eval P --adapter R a.b=1`
     if extra and (not hasattr(ns, "args") or any(x.startswith("-") for x in extra)):
         p.error(f"unrecognized arguments: {' '.join(extra)}")

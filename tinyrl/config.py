@@ -64,7 +64,7 @@ class LoraConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm", "stale"] = "hf"  # stale: tinyrl/rollout/stale.py, a canary test
     num_generations: int = 8  # G: completions per prompt (the group)
     temperature: float = 1.0
     top_p: float = 1.0

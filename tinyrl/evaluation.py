@@ -38,9 +38,9 @@ def evaluate_rows(engine, rows: list[dict], task, params: SamplingParams, batch_
         for t in out.trajectories or []:
             calls, turns, errors = calls + t["tool_calls"], turns + t["turns"], errors + t["tool_errors"]
     n = len(rows)
-    agent = {} if out.trajectories is None else {
-        "tool_calls_per_question": calls / n, "turns_per_question": turns / n,
-        "tool_error_rate": errors / calls if calls else 0.0}
+    agent = {} if out.trajectories is None else {"tool_calls_per_question": calls / n, "turns_per_question": turns / n}
+    if calls:  # no call made: the error rate was not measured (left out, not 0)
+        agent["tool_error_rate"] = errors / calls
     return EvalReport(correct / n, n, {k: v / n for k, v in sums.items()}, agent)
 
 

@@ -82,11 +82,13 @@ def _agent_stats(batch) -> dict:
     errors = sum(t.get("tool_errors", 0) for t in info)
     obs = float(batch.observation_mask.sum())
     real = float(batch.completion_mask.sum())
-    return {"tool_calls_per_traj": calls / n,
-            "turns_mean": sum(t.get("turns", 0) for t in info) / n,
-            "max_turns_frac": sum(bool(t.get("hit_max_turns")) for t in info) / n,
-            "obs_token_frac": obs / real if real else 0.0,
-            "tool_error_rate": errors / calls if calls else 0.0}
+    out = {"tool_calls_per_traj": calls / n,
+           "turns_mean": sum(t.get("turns", 0) for t in info) / n,
+           "max_turns_frac": sum(bool(t.get("hit_max_turns")) for t in info) / n,
+           "obs_token_frac": obs / real if real else 0.0}
+    if calls:  # no call made: the error rate was not measured (left out, not 0)
+        out["tool_error_rate"] = errors / calls
+    return out
 
 
 def samples_of(batch, step: int, k: int) -> list[dict]:

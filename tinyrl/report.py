@@ -21,7 +21,7 @@ SUMMARY = [
     ("reward_group_std", "reward std in group"),
     ("zero_std_frac", "zero-std groups"),
     ("entropy", "entropy"),
-    ("policy_kl", "policy KL"),
+    ("update_kl", "update KL (old->new)"),
     ("ref_kl", "KL to reference"),
     ("clip_frac", "clip fraction (loss)"),
     ("update_clip_frac", "moved past clip range"),
@@ -37,7 +37,7 @@ SUMMARY = [
 PANELS = {
     "reward": ["reward_mean"],
     "entropy": ["entropy", "entropy_p10", "entropy_p90"],
-    "KL": ["policy_kl", "ref_kl", "rollout_trainer_k3"],
+    "KL": ["update_kl", "ref_kl", "rollout_trainer_k3"],
     "length": ["completion_len"],
 }
 
@@ -85,11 +85,14 @@ def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -
     trend = f"reward {move} ({start:.3f} -> {end:.3f})"
     if summary and summary.get("eval_before") is not None and summary.get("eval_after") is not None:
         trend += f", held-out accuracy {summary['eval_before']:.1%} -> {summary['eval_after']:.1%}"
-    if not alarms:
+    real = [a for a in alarms if a.get("severity", "alarm") == "alarm"]  # warnings are notices, not failures
+    notes = sorted({a["name"] for a in alarms if a not in real})
+    noted = f"; warnings: {', '.join(notes)}" if notes else ""
+    if not real:
         state = "HEALTHY" if move == "rose" else "NO PROGRESS"
-        return f"verdict: {state} - {trend}; no alarms"
-    names = sorted({a["name"] for a in alarms})
-    return f"verdict: NEEDS A LOOK - {trend}; {len(alarms)} alarm(s): {', '.join(names)}"
+        return f"verdict: {state} - {trend}; no alarms{noted}"
+    names = sorted({a["name"] for a in real})
+    return f"verdict: NEEDS A LOOK - {trend}; {len(real)} alarm(s): {', '.join(names)}{noted}"
 
 
 def plot(rows: list[dict], alarms: list[dict], path: Path) -> bool:
@@ -131,7 +134,8 @@ def render(run_dir: Path, rows: list[dict], alarms: list[dict], summary: dict | 
     lines += ["", f"alarms ({len(alarms)}):" if alarms else "alarms: none"]
     for a in alarms:
         auto = f" [auto: {a['applied']}]" if a.get("applied") else ""
-        lines.append(f"  step {a['step']:>4}  {a['name']}{' (fatal)' if a.get('fatal') else ''}: {a['evidence']}")
+        kind = " (fatal)" if a.get("fatal") else " (warning)" if a.get("severity") == "warning" else ""
+        lines.append(f"  step {a['step']:>4}  {a['name']}{kind}: {a['evidence']}")
         lines.append(f"             suggested: {a['action']}{auto}")
     lines += ["", f"plot: {run_dir / 'metrics.png'}" if png else "plot: skipped (pip install 'tinyrl[plot]' for metrics.png)"]
     lines.append(verdict(rows, alarms, summary))

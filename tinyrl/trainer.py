@@ -355,7 +355,8 @@ class Trainer:
         """Run the monitor's rules; apply enabled auto-actions; a fatal alarm stops the run."""
         alarms = self.monitor.update(self.step, metrics)
         for alarm in alarms:
-            log.warning("ALARM %s at step %d: %s. Suggested: %s", alarm.name, alarm.step, alarm.evidence, alarm.action)
+            log.warning("%s %s at step %d: %s. Suggested: %s", alarm.severity.upper(), alarm.name, alarm.step,
+                        alarm.evidence, alarm.action)
             if not alarm.fatal:
                 apply_action(self, alarm)  # optional automatic fixes (off by default)
         return alarms

@@ -15,7 +15,13 @@ def _vllm(model, tokenizer, cfg, seed):
     return VLLMEngine.from_run(model, tokenizer, cfg, seed=seed)
 
 
-ENGINES = {"hf": _hf, "vllm": _vllm}
+def _stale(model, tokenizer, cfg, seed):
+    from tinyrl.rollout.stale import StaleEngine  # broken on purpose: tests the stale-weights canary
+
+    return StaleEngine(model, tokenizer, seed=seed)
+
+
+ENGINES = {"hf": _hf, "vllm": _vllm, "stale": _stale}
 
 
 def make_engine(name: str, model, tokenizer, cfg, seed: int = 0, task=None):

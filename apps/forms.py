@@ -1,0 +1,183 @@
+"""The launch form: shipped presets, their header comments and profiles, the key fields, and the
+one validation (`tinyrl.config.load_config`, exactly as `tinyrl train` does it), so a wrong field
+shows the same message, naming the field, as the command line would print.
+
+The form's fields become dotted overrides only where they differ from the preset (+ profile),
+so the command the UI runs is the one a user would type. Free overrides come after them and win.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from tinyrl.config import ConfigError, list_presets, load_config, parse_override, read_preset
+
+# (form label, dotted config key); the order is the form's.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("model", "model.name"),
+    ("task", "data.task"),
+    ("steps", "train.steps"),
+    ("learning rate", "train.lr"),
+    ("group size (completions per prompt)", "rollout.num_generations"),
+    ("prompts per step", "train.prompts_per_step"),
+    ("recipe", "algo.recipe"),
+    ("LoRA r", "lora.r"),
+    ("4-bit base (QLoRA)", "model.load_in_4bit"),
+    ("max new tokens", "rollout.max_new_tokens"),
+)
+KEYS = tuple(k for _, k in FIELDS)
+NO_RECIPE = "none"  # the recipe dropdown's entry for algo.recipe: null
+UI_OWNED = ("log.run_dir", "log.name")  # the UI decides where a run goes (see Launcher.start)
+
+
+def presets() -> list[str]:
+    return sorted(list_presets())
+
+
+def check_preset(name: str) -> str:
+    """Only shipped presets come from the page (never a file path)."""
+    if name not in list_presets():
+        raise ConfigError(f"preset {name!r}: not a shipped preset; choose one of {presets()}")
+    return name
+
+
+def preset_header(name: str) -> str:
+    """The comment block a preset opens with (what it trains, memory, hardware, the command)."""
+    text = (resources.files("tinyrl.presets") / f"{check_preset(name)}.yaml").read_text()
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].removeprefix(" "))
+    return "\n".join(lines)
+
+
+def profiles(name: str) -> list[str]:
+    """The preset's hardware profiles (its top-level `profiles:` mapping)."""
+    raw = read_preset(check_preset(name))[1].get("profiles") or {}
+    return sorted(raw) if isinstance(raw, dict) else []
+
+
+def _get(cfg, key: str):
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def form_values(preset: str, profile: str | None) -> dict[str, object]:
+    """The resolved value of each form field for this preset and profile."""
+    _, cfg = load_config(check_preset(preset), None, profile or None)
+    return {k: _get(cfg, k) for k in KEYS}
+
+
+def yaml_scalar(value) -> str:
+    """A value written so that YAML (how `section.field=value` is read) reads it back unchanged.
+
+    >>> values = (3, 0.001, True, None, "tiny-arith", "true", "1.5")
+    >>> [yaml_scalar(v) for v in values]
+    ['3', '0.001', 'true', 'null', 'tiny-arith', "'true'", "'1.5'"]
+    >>> [yaml.safe_load(yaml_scalar(v)) for v in values] == list(values)
+    True
+    """
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _norm(key: str, value):
+    if key == "algo.recipe" and value in (NO_RECIPE, "", None):
+        return None
+    if isinstance(value, float) and value.is_integer() and key != "train.lr":
+        return int(value)  # a gradio Number may hand back 8.0 for 8
+    return value
+
+
+def form_overrides(preset: str, profile: str | None, values: dict[str, object]) -> list[str]:
+    """`key=value` for each form field that differs from the preset (+ profile)."""
+    base = form_values(preset, profile)
+    out = []
+    for key in KEYS:
+        if key not in values:
+            continue
+        v = _norm(key, values[key])
+        if v != base[key]:
+            out.append(f"{key}={yaml_scalar(v)}")
+    return out
+
+
+def split_overrides(text: str) -> list[str]:
+    """Free overrides, one or more per line (shell quoting), each checked like the CLI checks it."""
+    try:
+        tokens = shlex.split(text or "", comments=True)
+    except ValueError as e:
+        raise ConfigError(f"overrides: {e} (quote values with spaces: model.name='my model')") from None
+    for t in tokens:
+        keys, _ = parse_override(t)
+        if ".".join(keys) in UI_OWNED:
+            raise ConfigError(f"{'.'.join(keys)}: set by the UI (runs go to its runs directory; "
+                              f"name a run with the run name field)")
+    return tokens
+
+
+@dataclass
+class Plan:
+    """A validated launch: the overrides in the order the CLI gets them, and the resolved config."""
+
+    preset: str
+    profile: str | None
+    overrides: list[str]
+    config: object
+
+    def command(self, extra: list[str] = ()) -> list[str]:
+        cmd = [sys.executable, "-m", "tinyrl.cli", "train", self.preset, *self.overrides, *extra]
+        return cmd + (["--profile", self.profile] if self.profile else [])
+
+    def shown(self) -> str:
+        """The command as a user would type it."""
+        return shlex.join(["tinyrl", *self.command()[3:]])
+
+
+def validate(preset: str, profile: str | None, values: dict[str, object], free: str) -> Plan:
+    """Build the launch the way `tinyrl train PRESET overrides --profile P` would; ConfigError if bad."""
+    profile = profile or None
+    overrides = form_overrides(preset, profile, values) + split_overrides(free)
+    kv = {".".join(k): v for k, v in map(parse_override, overrides)}  # the CLI's own parsing
+    _, cfg = load_config(preset, kv, profile)
+    return Plan(preset, profile, overrides, cfg)
+
+
+def summary(cfg) -> str:
+    t, r = cfg.train, cfg.rollout
+    return (f"{t.steps} steps × {t.prompts_per_step} prompts × {r.num_generations} completions "
+            f"= {t.prompts_per_step * r.num_generations} completions per step; model {cfg.model.name}"
+            f"{' (4-bit)' if cfg.model.load_in_4bit else ''}, task {cfg.data.task}, "
+            f"recipe {cfg.algo.recipe or 'none'}, LoRA r {cfg.lora.r}")
+
+
+def memory_estimate(cfg) -> str | None:
+    """The memory planner's estimate (`tinyrl.plan`, when it exists), as text; None without a planner.
+
+    The one place the UI calls the planner: wire its real API here."""
+    try:
+        from tinyrl import plan as planner
+    except ImportError:
+        return None
+    fn = getattr(planner, "plan", None) or getattr(planner, "estimate", None)
+    if not callable(fn):
+        return None
+    try:
+        result = fn(cfg)
+    except Exception as e:  # a planner bug must not stop a launch
+        return f"memory planner failed: {type(e).__name__}: {e}"
+    render = getattr(result, "table", None) or getattr(result, "render", None)
+    return str(render() if callable(render) else result)
+
+
+def runs_dir_override(runs_dir: Path, name: str) -> list[str]:
+    return [f"log.run_dir={yaml_scalar(str(Path(runs_dir).resolve()))}", f"log.name={yaml_scalar(name)}"]

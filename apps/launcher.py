@@ -1,0 +1,163 @@
+"""Start, stop, resume and evaluate runs as subprocesses that never depend on the UI.
+
+Each `tinyrl train` / `tinyrl eval` is `sys.executable -m tinyrl.cli ...` in its own session
+(closing or killing the UI never signals it), writing stdout+stderr straight into a log file
+(no pipe for the UI to drain), with a pid file beside it. The trainer decides and creates the
+run folder: the UI passes `log.run_dir=<runs dir>` and a fresh `log.name`, and keeps the log and
+pid file in `<runs dir>/.ui/` until the folder exists with training under way, then moves both
+into it (the process keeps writing to the same open file). Everything is found again from the
+folders, so a new UI process re-attaches to running runs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from tinyrl.apps import procs, runs_view
+from tinyrl.apps.forms import Plan, runs_dir_override, split_overrides
+from tinyrl.apps.paths import check_name, inside, resolve_run
+from tinyrl.config import apply_overrides, config_from_dict, parse_override
+
+
+class LaunchError(RuntimeError):
+    """An action the UI refuses (already running, nothing to resume, no adapter ...), in words."""
+
+
+def new_run_name(runs_dir: Path, preset: str) -> str:
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in preset).lstrip(".-_") or "run"
+    while True:
+        name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if not _taken(runs_dir, name):
+            return name
+
+
+def _taken(runs_dir: Path, name: str) -> bool:
+    return (Path(runs_dir) / name).exists() or runs_view.staging_file(runs_dir, name, "train", "pid").exists()
+
+
+class Launcher:
+    def __init__(self, runs_dir: Path, cwd: Path | None = None):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.cwd = Path(cwd or os.getcwd())
+        self._children: list[subprocess.Popen] = []
+
+    # ------------------------------------------------------------------ processes
+
+    def _spawn(self, cmd: list[str], log: Path, pid_file: Path, kind: str, banner: str) -> dict:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log, "ab") as out:
+            out.write(f"=== tinyrl ui: {banner} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n$ {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=self.cwd, env=env, start_new_session=True, close_fds=True)
+        self._children.append(proc)
+        return procs.write_pidfile(pid_file, proc.pid, cmd, kind)
+
+    def reap(self) -> None:
+        """Collect exited children (so they are not left as zombies while this UI runs)."""
+        self._children = [p for p in self._children if p.poll() is None]
+
+    def adopt(self) -> None:
+        """Move staged log + pid files into their run folders once training is under way there."""
+        staged = self.runs_dir / runs_view.UI_DIR
+        if not staged.is_dir():
+            return
+        for pid_file in staged.glob("*.train.pid"):
+            name = pid_file.name[: -len(".train.pid")]
+            run = self.runs_dir / name
+            if not run.is_dir() or not ((run / "metrics.jsonl").exists()
+                                        or not procs.alive(procs.read_pidfile(pid_file))):
+                continue  # the trainer may still remove a folder whose start failed
+            for kind_ext in ("train.log", "train.pid"):
+                src = staged / f"{name}.{kind_ext}"
+                if src.exists() and not (run / kind_ext).exists():
+                    os.replace(src, run / kind_ext)
+
+    def refresh(self) -> None:
+        self.reap()
+        self.adopt()
+
+    # ------------------------------------------------------------------ actions
+
+    def start(self, plan: Plan, name: str | None = None) -> str:
+        """Launch a validated plan; returns the run name (its folder once the trainer makes it)."""
+        name = check_name(name) if name else new_run_name(self.runs_dir, plan.preset)
+        if _taken(self.runs_dir, name):
+            raise LaunchError(f"run {name!r} exists already in {self.runs_dir}; pick another name")
+        resolve_run(self.runs_dir, name)
+        cmd = plan.command(runs_dir_override(self.runs_dir, name))
+        self._spawn(cmd, runs_view.staging_file(self.runs_dir, name, "train", "log"),
+                    runs_view.staging_file(self.runs_dir, name, "train", "pid"), "train", "train")
+        return name
+
+    def run_path(self, name: str) -> Path:
+        path = resolve_run(self.runs_dir, name)
+        if not path.is_dir() and not runs_view.staging_file(self.runs_dir, name, "train", "pid").exists():
+            raise LaunchError(f"run {name!r}: no such run in {self.runs_dir}")
+        return path
+
+    def stop(self, name: str) -> str:
+        """SIGTERM the run: the trainer finishes its step, saves a checkpoint and exits."""
+        self.run_path(name)
+        info = runs_view.process(self.runs_dir, name)
+        if not procs.alive(info):
+            raise LaunchError(f"run {name!r} is not running")
+        if not procs.is_local(info):
+            raise LaunchError(f"run {name!r} runs on host {info.get('host')}; stop it there")
+        procs.terminate(info)
+        return f"sent SIGTERM to {name} (pid {info['pid']}): it checkpoints after the current step and exits"
+
+    def resume(self, name: str, overrides: str = "") -> str:
+        """`tinyrl train --resume <run> [overrides]` as a new process, appending to the run's train.log."""
+        run = self.run_path(name)
+        if procs.alive(runs_view.process(self.runs_dir, name)):
+            raise LaunchError(f"run {name!r} is running; stop it before resuming")
+        if not runs_view.checkpoints(run):
+            raise LaunchError(f"run {name!r} has no checkpoint to resume from")
+        tokens = split_overrides(overrides)  # refuses log.run_dir / log.name: a resumed run stays put
+        kv = {".".join(k): v for k, v in map(parse_override, tokens)}
+        config_from_dict(apply_overrides(runs_view.run_config(run), kv))  # same check the trainer makes
+        cmd = [sys.executable, "-m", "tinyrl.cli", "train", "--resume", str(run), *tokens]
+        self._spawn(cmd, run / "train.log", run / "train.pid", "train", "resume")
+        return f"resuming {name} from {runs_view.checkpoints(run)[-1].name}"
+
+    def adapter_dir(self, name: str) -> Path:
+        """The run's final adapter, else the adapter of its latest checkpoint."""
+        run = self.run_path(name)
+        candidates = [run / "adapter"] + [c / "adapter" for c in reversed(runs_view.checkpoints(run))]
+        for c in candidates:
+            if (c / "adapter_config.json").is_file() and inside(c, run):
+                return c
+        raise LaunchError(f"run {name!r} has no adapter yet (neither adapter/ nor a checkpoint)")
+
+    def evaluate(self, name: str) -> str:
+        """`tinyrl eval <run>/config.yaml --adapter <adapter>`: held-out accuracy of the trained adapter."""
+        run = self.run_path(name)
+        if procs.alive(runs_view.process(self.runs_dir, name, "eval")):
+            raise LaunchError(f"an evaluation of {name!r} is running already")
+        adapter = self.adapter_dir(name)
+        cmd = [sys.executable, "-m", "tinyrl.cli", "eval", str(run / "config.yaml"), "--adapter", str(adapter)]
+        self._spawn(cmd, run / "eval.log", run / "eval.pid", "eval", f"eval {adapter.relative_to(run)}")
+        return f"evaluating {name} ({adapter.relative_to(run)}); the result appears below when it is done"
+
+    def adapter_zip(self, name: str) -> Path:
+        """A zip of the adapter folder (regular files only; symlinks are skipped), in a fresh temp dir."""
+        adapter = self.adapter_dir(name)
+        run = self.run_path(name)
+        out = Path(tempfile.mkdtemp(prefix="tinyrl-adapter-")) / f"{name}-adapter.zip"
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+            for root, dirs, files in os.walk(adapter, followlinks=False):
+                for f in sorted(files):
+                    p = Path(root) / f
+                    if p.is_file() and not p.is_symlink() and inside(p, run):
+                        z.write(p, p.relative_to(adapter))
+        return out

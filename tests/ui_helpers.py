@@ -1,0 +1,86 @@
+"""A real `tinyrl ui` server for the UI tests: launched as its own process on a free port, like a
+user would, and the training processes it starts, cleaned up afterwards by their pid files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tinyrl.apps import procs, runs_view
+
+# The default preset trimmed to a long run whose steps are quick (the test stops it): no
+# held-out evaluation, progress bar off so the log stays readable.
+QUICK = "train.eval_before_after=false log.progress=false"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UIServer:
+    def __init__(self, runs_dir: Path, log: Path):
+        self.runs_dir, self.port = Path(runs_dir), free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.out = open(log, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tinyrl.cli", "ui", "--port", str(self.port),
+                                      "--runs-dir", str(runs_dir)], stdout=self.out, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+        self._wait_up(Path(log))
+
+    def _wait_up(self, log: Path, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tinyrl ui exited {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"tinyrl ui did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the UI (a crash: nothing of it runs any more)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.out.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.out.close()
+
+
+def kill_runs(runs_dir: Path) -> None:
+    """Stop every training / eval process a test's UI started (they outlive the UI by design)."""
+    runs_dir = Path(runs_dir)
+    pid_files = list(runs_dir.glob("*/*.pid")) + list((runs_dir / runs_view.UI_DIR).glob("*.pid"))
+    for f in pid_files:
+        info = procs.read_pidfile(f)
+        if procs.alive(info):
+            os.killpg(info["pid"], signal.SIGKILL)
+
+
+def wait_for(fn, what: str, timeout: float = 300, every: float = 1.0):
+    """Poll fn() until it returns something truthy; that value, or AssertionError naming `what`."""
+    deadline, last = time.time() + timeout, None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last seen: {last!r}")

@@ -1,0 +1,372 @@
+"""The failure-mode rules the monitor runs (`RULES`): each a condition on the metric history.
+
+A rule is `check(history, cfg) -> Finding | None` over the metrics rows up to this step, plus
+its auto-action key and severity; the timing (minimum duration, cool-down) is the monitor's
+(`tinyrl.monitor`), the thresholds are `MonitorConfig` fields.
+
+Where a rule compares a quantity with its own recent past and the quantity can sit near zero
+(KL, clip fractions, grad norms, reward spread), it also needs an absolute floor: a ratio to a
+tiny median is noise (an update KL of 0.02 against a median of 0.002 is a healthy step).
+Thresholds are set from the metric traces of the healthy shipped presets with margin (see the
+benchmark's headroom table). Metrics that were not measured are absent (or None): a rule whose
+inputs are absent is silent, so the agent rules never fire on a single-turn run.
+
+    rule                 severity  fires when
+    entropy_collapse     alarm     entropy < 30% of its early value and < 0.5 nats, reward not high
+    advantage_collapse   alarm     > 60% of groups have identical rewards (window mean), reward not high
+    echo_trap            alarm     within-group reward std falls > 50% below its recent median
+                                   (from >= 0.1) while the reward holds (neither high nor falling)
+    lazy_likelihood      alarm     the update lowers most positive responses' likelihood (and their
+                                   mean by > 0.01 nats/token), or it falls for 3 windows while reward rises
+    gradient_explosion   alarm     grad norm > 5x its rolling median and > 5; or a skipped
+                                   non-finite step (every one is reported)
+    kl_blowup            alarm     KL to the reference accelerates (beta > 0); or the update KL /
+                                   update clip fraction is far above its median and an absolute floor;
+                                   or the update KL is above 0.2 nats per token
+    stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal)
+    length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens) while reward rises
+    length_explosion     alarm     > 40% of a step's completions hit max_new_tokens (< 20% early) and
+                                   the mean length is > 25% above its early value, two steps running
+    tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
+    tool_loop            alarm     > 90% of trajectories end at agent.max_turns, or tool output is
+                                   > 80% of the completion tokens (window means)
+    tool_errors          alarm     > 50% of tool calls fail (window mean), at >= 0.2 calls per trajectory
+    truncation           warning   > 5% of completions hit max_new_tokens (window mean)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal, NamedTuple, Optional
+
+if TYPE_CHECKING:  # the config imports nothing from here at run time (no cycle)
+    from tinyrl.monitor import MonitorConfig
+
+Severity = Literal["alarm", "warning"]
+
+
+class Finding(NamedTuple):
+    evidence: str
+    action: str
+    fatal: bool = False
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _vals(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if _finite(r.get(key))]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else float("nan")
+
+
+def _slope(ys: list[float]) -> float:
+    """Least-squares slope of ys against 0..n-1."""
+    n = len(ys)
+    xm, ym = (n - 1) / 2, _mean(ys)
+    den = sum((i - xm) ** 2 for i in range(n))
+    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / den if den else 0.0
+
+
+def _window_mean(h: list[dict], key: str, n: int) -> Optional[float]:
+    """Mean of `key` over the last n rows, or None unless all n have it (absent: not measured)."""
+    xs = _vals(h[-n:], key)
+    return _mean(xs) if len(xs) == n else None
+
+
+def _reward_high(rows: list[dict], c: MonitorConfig) -> tuple[bool, float]:
+    r = _mean(_vals(rows, "reward_mean"))
+    return (not math.isnan(r) and r >= c.reward_high_frac * c.reward_max), r
+
+
+def _spike(h: list[dict], key: str, factor: float, floor: float, c: MonitorConfig) -> Optional[tuple[float, float]]:
+    """(latest, rolling median) when the latest value is > factor x its rolling median and > floor.
+    Steps that took no optimiser step (skipped_no_signal) are left out of the median."""
+    past = _vals([r for r in h[-c.median_window - 1:-1] if not r.get("skipped_no_signal")], key)
+    x = h[-1].get(key)
+    if not _finite(x) or len(past) < c.window:
+        return None
+    med = _median(past)
+    return (x, med) if x > floor and x > factor * med else None
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def entropy_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """The policy narrows onto one answer before it has learned the task: token entropy below a
+    fraction of its early-run value *and* below an absolute level, while reward is not high (a
+    solved task may be confident)."""
+    if len(h) <= c.baseline_steps:
+        return None
+    base, e = _mean(_vals(h[: c.baseline_steps], "entropy")), h[-1].get("entropy")
+    high, r = _reward_high(h[-c.entropy_collapse_steps:], c)
+    if not (base > 0 and _finite(e)) or high:
+        return None
+    if e < c.entropy_collapse_frac * base and e < c.entropy_collapse_abs:
+        return Finding(f"mean token entropy {e:.3g} is {e / base:.0%} of its early-run value {base:.3g} while "
+                       f"reward is {r:.3f} (< {c.reward_high_frac:g} x {c.reward_max:g})",
+                       "clip-higher (algo.epsilon_high=0.28, with algo.num_iterations>=2), a top-entropy token "
+                       "mask (algo.top_entropy_quantile=0.2), or a lower train.lr")
+    return None
+
+
+def advantage_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Most groups answer all alike (zero reward spread: zero advantage) over a window while the
+    task is not solved, so the run has nothing to learn from. (All solved is not a failure.)"""
+    z = _window_mean(h, "zero_std_frac", c.window)
+    high, r = _reward_high(h[-c.window:], c)
+    if z is None or z <= c.zero_std_max or high:
+        return None
+    return Finding(f"{z:.0%} of groups had identical rewards (zero advantage) over the last {c.window} steps "
+                   f"while reward is {r:.3f}: no signal to learn from",
+                   "turn on dynamic sampling (algo.dynamic_sampling=true), raise rollout.num_generations, or use "
+                   "an easier curriculum")
+
+
+def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Each group's samples come to echo one answer: the within-group reward spread (window
+    median, so a few unlucky batches of a sparse reward do not count) falls far below its median
+    just before, from a real spread, while reward holds. Fewer successes (reward falling too) is
+    advantage collapse, not echo; a solved task may agree with itself."""
+    if len(h) < 2 * c.window:
+        return None
+    ref, now = h[-2 * c.window:-c.window], h[-c.window:]
+    s_ref, s_now = _vals(ref, "reward_group_std"), _vals(now, "reward_group_std")
+    high, _ = _reward_high(now[-c.echo_trap_steps:], c)
+    r_ref, r_now = _mean(_vals(ref, "reward_mean")), _mean(_vals(now, "reward_mean"))
+    if len(s_ref) < c.window or len(s_now) < c.window or high or not r_now >= (1 - c.echo_drop) * r_ref:
+        return None
+    med, cur = _median(s_ref), _median(s_now)
+    if med >= c.echo_min_std and cur < (1 - c.echo_drop) * med:
+        return Finding(f"within-group reward std (median of the last {c.window} steps) {cur:.3g} fell "
+                       f"{1 - cur / med:.0%} below its median {med:.3g} just before, while reward holds at "
+                       f"{r_now:.3f}: each group's samples echo one answer",
+                       "raise rollout.temperature, turn on algo.dynamic_sampling, or lower train.lr")
+    return None
+
+
+def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Lazy likelihood displacement: the update lowers the likelihood of most of the responses it
+    rewards, and lowers it on average by more than noise (means over a few steps: an overshooting
+    step size shows here first; on a healthy run about half of them can dip while the mean
+    rises), or correct responses' likelihood keeps falling for several windows (by more than noise) while reward rises."""
+    action = "turn on LLDS: algo.llds_lambda=0.2 with algo.num_iterations>=2"
+    nonpos = _window_mean(h, "frac_pos_delta_nonpos", c.lld_nonpos_steps)
+    delta = _window_mean(h, "logp_pos_delta", c.lld_nonpos_steps)
+    if nonpos is not None and delta is not None and nonpos > c.lld_nonpos_frac and delta < -c.lld_delta_floor:
+        return Finding(f"the update lowered the likelihood of {nonpos:.0%} of the positive-advantage responses it "
+                       f"was meant to reinforce, by {-delta:.3g} nats per token on average (mean over the last "
+                       f"{c.lld_nonpos_steps} steps)",
+                       f"{action}; if reward is falling too, the step is too large: lower train.lr "
+                       "(and keep train.max_grad_norm ~1)")
+    n = c.lld_windows * c.window
+    if len(h) < n:
+        return None
+    chunks = [h[-n + i * c.window: len(h) - n + (i + 1) * c.window] for i in range(c.lld_windows)]
+    lp = [_mean(_vals(ch, "logp_pos_mean")) for ch in chunks]
+    rw = [_mean(_vals(ch, "reward_mean")) for ch in chunks]
+    if any(math.isnan(x) for x in lp + rw):
+        return None
+    if all(b < a for a, b in zip(lp, lp[1:])) and lp[0] - lp[-1] >= c.lld_fall_min and rw[-1] > rw[0] + c.reward_rise:
+        return Finding(f"log-likelihood per token of correct responses fell for {c.lld_windows} windows of "
+                       f"{c.window} steps ({lp[0]:.3f} -> {lp[-1]:.3f}) while reward rose ({rw[0]:.3f} -> {rw[-1]:.3f})",
+                       action)
+    return None
+
+
+def grad_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """A gradient spike: the pre-clip grad norm far above its rolling median and above an
+    absolute floor; or a step whose loss or gradient was not finite (skipped by the trainer)."""
+    last = h[-1]
+    if last.get("skipped_nonfinite"):
+        return Finding(f"non-finite loss or gradient at step {last['step']}; the step was skipped (weights untouched)",
+                       "lower train.lr, raise train.max_grad_norm headroom, or check the reward scale")
+    hit = _spike(h, "grad_norm", c.grad_explosion_factor, c.grad_explosion_floor, c)
+    if hit:
+        g, med = hit
+        return Finding(f"grad norm {g:.3g} is {g / med if med > 0 else math.inf:.1f}x its rolling median {med:.3g} "
+                       f"(floor {c.grad_explosion_floor:g})",
+                       "lower train.lr or train.max_grad_norm; check for a reward outlier")
+    return None
+
+
+def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """The policy runs away: KL to the reference (beta > 0) above a floor and growing faster than
+    linearly; or the update itself moves it far: the post-update KL(pi_old || pi_new)
+    (`update_kl`) or the share of tokens the update pushed past the clip range, each far above
+    its rolling median *and* above an absolute floor, or the update KL above a ceiling no healthy
+    step reaches (the first steps of a run have no median to compare with)."""
+    action = "lower train.lr, raise algo.beta, or tighten algo.epsilon_low/epsilon_high"
+    kl = _vals(h, "ref_kl")
+    if len(kl) >= 3 * c.window and kl[-1] > c.kl_floor:  # the first window is warm-up (KL starts ~quadratic)
+        old, new = _slope(kl[-2 * c.window:-c.window]), _slope(kl[-c.window:])
+        if new > c.kl_accel_factor * max(old, c.kl_floor / c.window):
+            return Finding(f"KL to the reference {kl[-1]:.3g} is accelerating: slope {new:.3g}/step over the last "
+                           f"{c.window} steps vs {old:.3g}/step before (> {c.kl_accel_factor:g}x)", action)
+    checks = (("update_kl", c.update_kl_factor, c.update_kl_floor),
+              ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
+    x = h[-1].get("update_kl")
+    if _finite(x) and x > c.update_kl_max:
+        return Finding(f"update_kl {x:.3g} per token is above {c.update_kl_max:g}: one update moved the policy far "
+                       "from the one that sampled the batch", action)
+    for key, factor, floor in checks:
+        hit = _spike(h, key, factor, floor, c)
+        if hit:
+            return Finding(f"{key} {hit[0]:.3g} is above {floor:g} and {factor:g}x its rolling median {hit[1]:.3g}",
+                           action)
+    return None
+
+
+def stale_weights(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """The canary: the rollout engine's logprobs disagree with the trainer's right after a weight
+    sync. Every row from step 2 on is measured on rollouts sampled after the previous step's sync;
+    step 1 samples from the initial weights both sides share, so its mismatch is the noise floor."""
+    last = h[-1]
+    k3, md = last.get("rollout_trainer_k3"), last.get("rollout_trainer_maxdiff")
+    if last.get("step", 0) < 2 or not _finite(k3):
+        return None
+    floor = next((r.get("rollout_trainer_k3") for r in h if r.get("step") == 1), None)
+    limit = max(c.stale_k3, c.stale_noise_factor * floor if _finite(floor) else 0.0)
+    over_md = c.stale_maxdiff is not None and _finite(md) and md > c.stale_maxdiff
+    if k3 > limit or over_md:
+        return Finding(f"rollout-engine vs trainer logprobs disagree right after a weight sync: k3 {k3:.3g}/token "
+                       f"(limit {limit:.3g}), max |diff| {md if md is not None else float('nan'):.3g}; the engine "
+                       "is not sampling from the trained weights",
+                       "check that engine.sync(model) pushes the LoRA adapter (vLLM: the adapter is reloaded, "
+                       "not cached); set monitor.stale_fatal=false to only warn", c.stale_fatal)
+    return None
+
+
+def length_shortcut(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """A length shortcut: completions get much shorter (relative and in tokens) while reward
+    rises, as when a format reward pays for an empty answer."""
+    if len(h) < c.baseline_steps + c.window:
+        return None
+    base_len, cur_len = _mean(_vals(h[: c.baseline_steps], "completion_len")), _mean(_vals(h[-c.window:], "completion_len"))
+    base_r, cur_r = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _mean(_vals(h[-c.window:], "reward_mean"))
+    if (base_len > 0 and cur_len < (1 - c.length_drop) * base_len and base_len - cur_len >= c.length_drop_min
+            and cur_r > base_r + c.reward_rise):
+        return Finding(f"completion length fell {1 - cur_len / base_len:.0%} ({base_len:.1f} -> {cur_len:.1f} tokens) "
+                       f"while reward rose ({base_r:.3f} -> {cur_r:.3f})",
+                       "read samples.jsonl: if short answers are rewarded without being right, fix the reward "
+                       "(e.g. a format reward that pays for an empty answer)")
+    return None
+
+
+def length_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Completions grow into the length cap: a large share of this step's completions hit
+    max_new_tokens where few did early in the run, and the mean completion length grew well
+    above its early value. Read per step (the duration, `length_explosion_steps`, is the noise
+    guard), so it fires while the growth is under way, before nearly every completion is cut. A
+    cap that is tight from the start is the truncation warning, not this."""
+    if len(h) <= c.baseline_steps:
+        return None
+    t_base, t_now = _mean(_vals(h[: c.baseline_steps], "truncated_frac")), h[-1].get("truncated_frac")
+    l_base, l_now = _mean(_vals(h[: c.baseline_steps], "completion_len")), h[-1].get("completion_len")
+    if not (_finite(t_now) and _finite(l_now)) or math.isnan(t_base) or not l_base > 0:
+        return None
+    if (t_base < c.length_explosion_base and t_now > c.length_explosion_trunc
+            and l_now > (1 + c.length_explosion_growth) * l_base):
+        return Finding(f"{t_now:.0%} of completions hit rollout.max_new_tokens where {t_base:.0%} did early on; "
+                       f"mean length {l_base:.1f} -> {l_now:.1f} tokens",
+                       "read samples.jsonl (a repetition loop? a reward that pays for length?); shape it with "
+                       "algo.overlong_buffer or algo.mask_truncated=true, or lower train.lr")
+    return None
+
+
+def tool_use_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Multi-turn runs: the agent stops calling tools after it had been using them (the window
+    mean of tool_calls_per_traj falls to a small fraction of its peak window mean), e.g. because
+    tool observations only ever hurt its reward or answering directly is paid as well. Silent
+    when the agent metrics are absent, and for a task whose agent never used tools."""
+    calls = _vals(h, "tool_calls_per_traj")
+    if len(calls) < 2 * c.window or _window_mean(h, "tool_calls_per_traj", c.window) is None:
+        return None
+    peak = max(_mean(calls[i:i + c.window]) for i in range(len(calls) - c.window + 1))
+    now = _mean(calls[-c.window:])
+    if peak >= c.tool_used_min and now < c.tool_collapse_frac * peak:
+        obs = _window_mean(h, "obs_token_frac", c.window)
+        seen = f"; tool output is {obs:.0%} of the completion tokens" if obs is not None else ""
+        return Finding(f"tool calls per trajectory fell to {now:.3g} (mean of the last {c.window} steps) from a "
+                       f"peak of {peak:.3g}: the agent stopped using its tools{seen}",
+                       "read samples.jsonl: check the tool observations (errors? empty?); lower train.lr; reward "
+                       "answers that need the tool (a task the model answers without it teaches it to skip it)")
+    return None
+
+
+def tool_loop(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Multi-turn runs: the agent calls tools instead of answering: most trajectories end at
+    agent.max_turns (window mean of max_turns_frac), or tool output floods the completions
+    (window mean of obs_token_frac, observation tokens over completion tokens). Silent when the
+    agent metrics are absent."""
+    pin = _window_mean(h, "max_turns_frac", c.window)
+    if pin is not None and pin > c.max_turns_pin:
+        return Finding(f"{pin:.0%} of trajectories used all agent.max_turns (mean of the last {c.window} steps): "
+                       "the agent does not finish",
+                       "read samples.jsonl: check the answer format the task expects and the stop condition; "
+                       "raise agent.max_turns if the task needs more turns")
+    obs = _window_mean(h, "obs_token_frac", c.window)
+    if obs is not None and obs > c.obs_flood_frac:
+        return Finding(f"tool output is {obs:.0%} of the completion tokens (mean of the last {c.window} steps): the "
+                       "agent calls tools instead of answering",
+                       "lower agent.max_obs_tokens or agent.max_turns; read samples.jsonl for repeated calls")
+    return None
+
+
+def tool_errors(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Multi-turn runs: most tool calls fail (malformed calls or tool exceptions) over a window,
+    while the agent does call tools (a single failed call in a batch that hardly calls any is
+    not a trend). Silent when tool_error_rate is absent."""
+    e = _window_mean(h, "tool_error_rate", c.window)
+    calls = _window_mean(h, "tool_calls_per_traj", c.window)
+    if e is not None and e > c.tool_error_max and (calls is None or calls >= c.tool_error_min_calls):
+        per = f" at {calls:.2g} calls per trajectory" if calls is not None else ""
+        return Finding(f"{e:.0%} of tool calls failed (mean of the last {c.window} steps){per}",
+                       "read samples.jsonl: check the tool-call format in the prompt and the tool's errors")
+    return None
+
+
+def truncation(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """A notice (warning): a share of completions hits max_new_tokens; their answers are cut."""
+    t = _window_mean(h, "truncated_frac", min(c.window, len(h)))
+    if t is not None and t > c.truncation_max:
+        return Finding(f"{t:.0%} of completions hit rollout.max_new_tokens (mean of the last {min(c.window, len(h))} "
+                       "steps)", "raise rollout.max_new_tokens, or shape it: algo.overlong_buffer / algo.mask_truncated=true")
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    check: Callable[[list[dict], MonitorConfig], Optional[Finding]]
+    action_key: Optional[str] = None  # an entry of ACTIONS
+    severity: Severity = "alarm"
+
+
+RULES: dict[str, Rule] = {
+    "entropy_collapse": Rule(entropy_collapse, "raise_epsilon_high"),
+    "advantage_collapse": Rule(advantage_collapse, "dynamic_sampling"),
+    "echo_trap": Rule(echo_trap),
+    "lazy_likelihood": Rule(lazy_likelihood),
+    "gradient_explosion": Rule(grad_explosion, "rollback"),
+    "kl_blowup": Rule(kl_blowup),
+    "stale_weights": Rule(stale_weights),
+    "length_shortcut": Rule(length_shortcut),
+    "length_explosion": Rule(length_explosion),
+    "tool_use_collapse": Rule(tool_use_collapse),
+    "tool_loop": Rule(tool_loop),
+    "tool_errors": Rule(tool_errors),
+    "truncation": Rule(truncation, severity="warning"),
+}
