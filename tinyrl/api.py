@@ -30,14 +30,23 @@ def build_trainer(preset=None, profile=None, resume=None, overrides: dict | None
     """A ready Trainer: a fresh run folder, or an existing one continued from its last checkpoint.
 
     The run folder is locked for this process (released by `train`, or when the process
-    ends); a fresh folder is removed again when the trainer cannot be built."""
+    ends); a fresh folder is removed again when the trainer cannot be built. In a run of several
+    processes (tinyrl.distributed) rank 0 creates, locks and writes the folder; the others only read it."""
+    from tinyrl import distributed
     from tinyrl.trainer import Trainer
 
     overrides = _split_overrides(overrides or {})
     if resume is not None:
         return _resume(Path(resume), preset, profile, overrides)
     name, cfg = load_config(preset, overrides, profile)
-    run = RunDir.create(cfg.log.run_dir, cfg.log.name or name, cfg.to_dict())
+    dist, made = distributed.setup(cfg.dist.timeout_s), {}
+
+    def create() -> str:
+        made["run"] = RunDir.create(cfg.log.run_dir, cfg.log.name or name, cfg.to_dict())
+        return str(made["run"].path)
+
+    path = dist.main_value(create)
+    run = made.get("run") or distributed.replica_run_dir(path)
     try:
         trainer = Trainer(cfg, run)
     except BaseException:
@@ -50,7 +59,7 @@ def _resume(path: Path, preset, profile, overrides: dict):
     """Continue a run folder: its own config.yaml plus `overrides`, from the newest checkpoint that loads."""
     import yaml
 
-    from tinyrl import checkpoint
+    from tinyrl import checkpoint, distributed
     from tinyrl.config import ConfigError, apply_overrides
     from tinyrl.trainer import Trainer
 
@@ -58,15 +67,17 @@ def _resume(path: Path, preset, profile, overrides: dict):
         ignored = " and ".join(x for x in (preset and f"the preset {preset!r}", profile and f"--profile {profile}") if x)
         log.warning("--resume %s: %s ignored; the run continues with its own config.yaml "
                     "(section.field=value overrides still apply)", path, ignored)
-    run = RunDir(path)
-    old = run.config()
+    old = RunDir(path).config()
+    try:
+        cfg = config_from_dict(apply_overrides(copy.deepcopy(old), overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{path / 'config.yaml'}{' with the overrides' if overrides else ''}: {e}") from None
+    dist = distributed.setup(cfg.dist.timeout_s)
+    run = RunDir(path) if dist.is_main else distributed.replica_run_dir(path)  # rank 0 owns the folder
     run.lock()
     try:
-        try:
-            cfg = config_from_dict(apply_overrides(copy.deepcopy(old), overrides))
-        except ConfigError as e:
-            raise ConfigError(f"{run.path / 'config.yaml'}{' with the overrides' if overrides else ''}: {e}") from None
         run.recover()
+        dist.barrier()  # the others read the checkpoints once rank 0 has finished an interrupted save
         if not run.checkpoints():
             raise checkpoint.ResumeError(f"--resume {path}: no checkpoint in {run.ckpt_dir} to continue from "
                                          f"(set train.save_every to checkpoint during a run)")
@@ -76,14 +87,16 @@ def _resume(path: Path, preset, profile, overrides: dict):
         if changed:
             log.warning("--resume: the config differs from the one checkpoint %s was trained with: %s",
                         ckpt.path.name, "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        atomic_write_text(run.path / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "step": trainer.step, "checkpoint": ckpt.path.name,
-                  "overrides": overrides, "changed": {k: list(v) for k, v in changed.items()}}
-        log_file = run.writer("resumes.jsonl")
-        log_file.write(record)
-        log_file.close()
-        for name in ("metrics.jsonl", "samples.jsonl", "alarms.jsonl"):
-            truncate_jsonl(run.path / name, trainer.step)  # drop steps after the checkpoint
+        if dist.is_main:
+            atomic_write_text(run.path / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "step": trainer.step, "checkpoint": ckpt.path.name,
+                      "overrides": overrides, "changed": {k: list(v) for k, v in changed.items()},
+                      "processes": dist.world}
+            log_file = run.writer("resumes.jsonl")
+            log_file.write(record)
+            log_file.close()
+            for name in ("metrics.jsonl", "samples.jsonl", "alarms.jsonl"):
+                truncate_jsonl(run.path / name, trainer.step)  # drop steps after the checkpoint
     except BaseException:
         run.unlock()
         raise
@@ -126,7 +139,8 @@ def train(preset=None, profile=None, resume=None, **overrides):
         raise
     finally:
         try:
-            _write_summary(trainer, run, error)
+            if trainer.dist.is_main:  # rank 0 owns the run folder
+                _write_summary(trainer, run, error)
         except OSError as e:  # a full disk must not hide the error that stopped the run
             log.warning("could not write the run summary: %s", e)
         trainer.run.unlock()

@@ -77,12 +77,21 @@ def _set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
+def _dist(trainer):
+    from tinyrl.distributed import Dist
+
+    return getattr(trainer, "dist", None) or Dist()
+
+
 def save(trainer) -> Path:
+    """Rank 0 writes the checkpoint (other ranks' run folder writes nothing), with every rank's RNG state."""
+    rngs = _dist(trainer).all_gather_object(_rng_state())
     state = {
         "step": trainer.step,
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
-        "rng": _rng_state(),
+        "rng": rngs[0],
+        "rng_ranks": rngs,  # one per process of the run that wrote it
         "prompts": trainer.prompts.state_dict(),
         "engine": trainer.engine.state_dict(),
         "monitor": trainer.monitor.state_dict(),
@@ -141,7 +150,12 @@ def apply(trainer, data: CheckpointData) -> None:
     trainer.step = state["step"]
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
-    _set_rng_state(state["rng"])
+    dist, ranks = _dist(trainer), state.get("rng_ranks") or [state["rng"]]
+    if len(ranks) != dist.world and dist.is_main:
+        log.warning("resume: checkpoint %s was written by %d process(es), this run has %d: the prompts and the "
+                    "adapter continue exactly, the random streams of the processes do not", path.name, len(ranks),
+                    dist.world)
+    _set_rng_state(ranks[dist.rank] if len(ranks) == dist.world else state["rng"])
     trainer.prompts.load_state_dict(state["prompts"])
     trainer.engine.load_state_dict(state["engine"])
     trainer.engine.sync(trainer.model)  # the engine samples from the restored adapter

@@ -10,12 +10,13 @@ import sys
 
 def _friendly_errors() -> tuple[type, ...]:
     from tinyrl.checkpoint import ResumeError
+    from tinyrl.distributed import PeerLostError
     from tinyrl.trainer import StaleWeightsError
     from tinyrl.config import ConfigError
     from tinyrl.model import ModelLoadError
     from tinyrl.rewards.core import RewardImportError
 
-    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError)
+    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, PeerLostError)
 
 
 def _os_error_text(e: OSError) -> str:
@@ -46,13 +47,54 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return preset, overrides
 
 
+def _relaunch(ns, preset: str | None, overrides: list[str]) -> int | None:
+    """`--nproc N` (or a profile's dist.nproc > 1) outside a launcher: run this same command in N
+    processes through `accelerate launch` with the packaged config; its exit code. None: run here."""
+    from tinyrl import distributed
+    from tinyrl.config import apply_overrides, config_from_dict, load_config
+    from tinyrl.runs import RunDir
+
+    if distributed.launched_world() > 1:
+        return None
+    from tinyrl.errors import ConfigError
+
+    try:
+        if ns.resume:
+            cfg = config_from_dict(apply_overrides(RunDir(ns.resume).config(), overrides))
+        else:
+            cfg = load_config(preset, overrides, ns.profile)[1]
+    except (ConfigError, OSError):
+        return None  # a bad config or run folder: the run here reports it, in its own words
+    if cfg.dist.nproc <= 1:
+        return None
+    args = ["train", *([preset] if preset else []), *overrides, f"dist.nproc={cfg.dist.nproc}",
+            *(["--profile", ns.profile] if ns.profile else []), *(["--resume", ns.resume] if ns.resume else [])]
+    cmd = distributed.launch_command(cfg.dist.nproc, cfg.dist.accelerate_config, args)
+    logging.getLogger("tinyrl").info("launching %d processes: %s", cfg.dist.nproc, " ".join(cmd))
+    import subprocess
+
+    return subprocess.call(cmd)
+
+
 def cmd_train(ns) -> int:
+    from tinyrl import distributed
     from tinyrl.api import train
     from tinyrl.config import parse_override
 
     preset, overrides = _split(ns.args)
+    if getattr(ns, "nproc", None) is not None:  # `tinyrl sft` has no --nproc
+        overrides.append(f"dist.nproc={ns.nproc}")
+    code = _relaunch(ns, preset, overrides)
+    if code is not None:
+        return code
     kv = {".".join(k): v for k, v in map(parse_override, overrides)}
-    run = train(preset, profile=ns.profile, resume=ns.resume, **kv)
+    try:
+        run = train(preset, profile=ns.profile, resume=ns.resume, **kv)
+        rank = distributed.setup().rank
+    finally:
+        distributed.shutdown()  # accelerate's end_training: every rank, then the process group goes
+    if rank:
+        return 0  # rank 0 reports the run
     print(f"\nrun folder: {run.path}")
     if run.interrupted:
         print(f"interrupted; continue with: tinyrl train --resume {run.path}")
@@ -133,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     t.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    t.add_argument("--nproc", type=int, metavar="N",
+                   help="train in N processes (one per GPU) through accelerate launch (dist.nproc=N)")
     t.set_defaults(fn=cmd_train)
     f = sub.add_parser("sft", help="LoRA/QLoRA SFT through TRL (prompt/completion rows, a run folder's samples, "
                                    "or the task's answers)")

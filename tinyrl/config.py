@@ -234,6 +234,21 @@ class LogConfig:
 
 
 @dataclass
+class DistConfig:
+    """Scale-out (tinyrl.distributed). `nproc` > 1 makes `tinyrl train` re-launch itself through
+    `accelerate launch` with the packaged `accelerate_config`; under a launcher the world size is the
+    launcher's. train.prompts_per_step is the global batch: it must divide by the process count."""
+
+    nproc: int = 1  # processes (one per GPU); 1 = this process only
+    accelerate_config: Literal["ddp", "zero3", "fsdp2"] = "ddp"  # tinyrl/assets/accelerate/<name>.yaml
+    timeout_s: float = 600.0  # the longest any process waits for another (a dead or stalled rank)
+
+    def validate(self, p: str) -> None:
+        _check(self.nproc >= 1, f"{p}.nproc", f"must be >= 1, got {self.nproc}")
+        _check(0 < self.timeout_s < math.inf, f"{p}.timeout_s", f"must be > 0 and finite, got {self.timeout_s}")
+
+
+@dataclass
 class SFTConfig:
     """The `sft` stage and `tinyrl sft` (tinyrl/sft.py): LoRA/QLoRA SFT through TRL's SFTTrainer.
 
@@ -314,6 +329,7 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     selfimprove: SelfImproveConfig = field(default_factory=SelfImproveConfig)
     # methods run in order, each starting from the previous one's adapter (tinyrl/stages.py),
@@ -325,6 +341,9 @@ class RunConfig:
 
         for i, name in enumerate(self.stages):
             _check(name in STAGES, f"stages[{i}]", f"must be one of {sorted(STAGES)}, got {name!r}")
+        _check(self.train.prompts_per_step % self.dist.nproc == 0, "train.prompts_per_step",
+               f"must divide by dist.nproc = {self.dist.nproc} (every process takes whole groups), "
+               f"got {self.train.prompts_per_step}")
         completions = self.train.prompts_per_step * self.rollout.num_generations
         _check(
             completions % self.train.micro_batch_size == 0,
@@ -648,10 +667,13 @@ def load_config(
     if isinstance(data.get("algo"), dict):
         data["algo"] = apply_recipe(data["algo"])  # the preset's own recipe, under its own fields
     profiles = data.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict) or not all(isinstance(v, dict) for v in profiles.values()):
+        raise ConfigError(f"profiles: must map profile names to sections of fields (e.g. 8xh100: {{train: "
+                          f"{{prompts_per_step: 64}}}}), got {profiles!r:.80}")
     if profile is not None:
         if profile not in profiles:
             raise ConfigError(f"--profile {profile!r}: this preset defines {sorted(profiles) or 'no profiles'}")
-        apply_overrides(data, _profile_fields(profile, profiles[profile]))
+        apply_overrides(data, _profile_fields(profile, profiles[profile]))  # field by field: the base's other fields stay
     if overrides:
         apply_overrides(data, overrides)
     return name, config_from_dict(data)

@@ -1,7 +1,9 @@
 """Prompts for a run: a built-in task or a local jsonl file, chat-templated when the model has one.
 
 `PromptSource` hands out batches of rows in a seeded order that is a pure function of
-(seed, position), so a resumed run continues with exactly the prompts it would have seen.
+(seed, position), so a resumed run continues with exactly the prompts it would have seen. In a
+run of several processes each takes its contiguous share of every batch (`take`): the
+single-process order, split by rank.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import random
 from pathlib import Path
 
+from tinyrl.distributed import shard
 from tinyrl.errors import ConfigError
 
 
@@ -92,11 +95,12 @@ def render_prompt(tokenizer, text: str, cfg_data) -> str:
 class PromptSource:
     """Endless, seeded, epoch-shuffled batches of rows; `position` is all the state it has."""
 
-    def __init__(self, rows: list[dict], seed: int):
+    def __init__(self, rows: list[dict], seed: int, rank: int = 0, world: int = 1):
         if not rows:
             raise ConfigError("data: no training rows (data.num_train, or the jsonl file, gives none)")
         self.rows = rows
         self.seed = seed
+        self.rank, self.world = rank, world
         self.position = 0  # rows handed out so far
         self._cached: tuple[int, list[int]] = (-1, [])
 
@@ -107,13 +111,19 @@ class PromptSource:
             self._cached = (epoch, idx)
         return self._cached[1]
 
+    def _row(self, position: int) -> dict:
+        epoch, i = divmod(position, len(self.rows))
+        return self.rows[self._order(epoch)[i]]
+
     def next_batch(self, k: int) -> list[dict]:
-        out = []
-        for _ in range(k):
-            epoch, i = divmod(self.position, len(self.rows))
-            out.append(self.rows[self._order(epoch)[i]])
-            self.position += 1
-        return out
+        return self.take(k)[1]
+
+    def take(self, k: int) -> tuple[int, list[dict]]:
+        """The next k rows of the stream: (stream position of this process's first row, this
+        process's share of the k). Every process advances past all k."""
+        first, part = self.position, shard(k, self.rank, self.world)
+        self.position += k
+        return first + part.start, [self._row(first + i) for i in range(part.start, part.stop)]
 
     def state_dict(self) -> dict:
         return {"position": self.position, "seed": self.seed}

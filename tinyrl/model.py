@@ -132,8 +132,9 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=_dtype(cfg_model.dtype),
         )
-        if not torch.cuda.is_available():
-            kw["device_map"] = {"": "cpu"}
+        # one replica of the 4-bit base per process: on the device accelerate gave this rank (cuda:<local
+        # rank>, set as the current device by PartialState; cuda:0 in a one-process run)
+        kw["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.path, **kw)
     except Exception as e:

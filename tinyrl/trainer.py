@@ -27,12 +27,12 @@ import signal
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from tinyrl import checkpoint, kernels
+from tinyrl import checkpoint, distributed, kernels
 from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
@@ -70,17 +70,20 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run: RunDir):
         self.cfg = cfg
         self.run = run
+        self.dist = distributed.setup(cfg.dist.timeout_s)  # [dist] one process, or this rank of the launch
+        distributed.check_world(cfg.train.prompts_per_step, self.dist.world)  # [dist]
         torch.manual_seed(cfg.train.seed)
         self.model, self.tokenizer = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = self.dist.device  # [dist] cuda:<local rank> (or the CPU)
         if not getattr(self.model, "is_loaded_in_4bit", False):
             self.model.to(self.device)
+        self.dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])  # [dist] one adapter
         train_rows, self.eval_rows, self.task = load_rows(cfg.data)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, seed=cfg.train.seed, task=self.task)
         render = prompt_renderer(self.engine, self.tokenizer, cfg.data)
         for r in train_rows + self.eval_rows:
             r["rendered"] = render(r["prompt"])
-        self.prompts = PromptSource(train_rows, cfg.data.seed)
+        self.prompts = PromptSource(train_rows, cfg.data.seed, self.dist.rank, self.dist.world)  # [dist]
         self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
         self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, stop)
@@ -115,8 +118,8 @@ class Trainer:
                 log.info("held-out evaluation before training (%d prompts)", len(self.eval_rows))
                 self.eval_before = self.evaluate()
                 log.info("held-out accuracy before training: %.3f", self.eval_before)
-            bar = _progress(cfg, self.step)
-            while self.step < cfg.train.steps and not self._stop_requested:
+            bar = _progress(cfg, self.step) if self.dist.is_main else None  # [dist]
+            while self.step < cfg.train.steps and not self.dist.any(self._stop_requested):  # [dist] all stop together
                 self._in_step = True
                 metrics, samples = self.train_step()
                 self._in_step = False
@@ -128,7 +131,8 @@ class Trainer:
                 raise KeyboardInterrupt
             self.save_checkpoint()
             adapter = self.run.path / "adapter"
-            self.model.save_pretrained(adapter)
+            if self.dist.is_main:  # [dist] rank 0 owns the run folder
+                self.model.save_pretrained(adapter)
             after = self.evaluate() if self._can_evaluate() else None
         except KeyboardInterrupt:
             if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
@@ -159,9 +163,12 @@ class Trainer:
         moved = self.measure_update(batch, first) if cfg.log.track_likelihood else {}  # 9
         self.engine.sync(self.model)  # 10
         self.step += 1
-        metrics = step_metrics(self, batch, first, last, {**gen_stats, **adv_stats, **moved},
-                               time.perf_counter() - t0, t_gen)
-        return metrics, samples_of(batch, self.step, cfg.log.samples_per_step)
+        # [dist] metrics and samples over every rank's rows (the same on every rank: the monitor agrees)
+        whole, d = distributed.gather_batch(self.dist, batch), self.dist
+        metrics = step_metrics(self, whole, distributed.gather_update(d, first, batch),
+                               distributed.gather_update(d, last, batch), {**gen_stats, **adv_stats, **moved,
+                               "processes": d.world}, time.perf_counter() - t0, t_gen)
+        return metrics, samples_of(whole, self.step, cfg.log.samples_per_step)
 
     # ------------------------------------------------------------------ phases
 
@@ -174,33 +181,40 @@ class Trainer:
         n_kept = dropped = rounds = 0
         failures: dict[str, int] = {}
         while True:
-            rows = self.prompts.next_batch(B - n_kept)
-            batch = self.generate(rows, G)  # 1
-            for k, v in self.reward(batch).items():  # 2
-                failures[k] = failures.get(k, 0) + v
-            self.shape(batch)  # 3
-            last_full, rounds = batch, rounds + 1
-            if cfg.algo.dynamic_sampling:
-                batch, n_dropped = self.keep_informative(batch)
-                dropped += n_dropped
-            if batch.num_rows:
-                kept.append(batch)
-                n_kept += int(batch.group.max()) + 1
+            first, rows = self.prompts.take(B - n_kept)  # [dist] this rank's share; `first`: its stream position
+            local = 0
+            if rows:  # [dist] in a late dynamic-sampling round a rank may get no prompt
+                batch = self.generate(rows, G, stream=first)  # 1
+                for k, v in self.reward(batch).items():  # 2
+                    failures[k] = failures.get(k, 0) + v
+                self.shape(batch)  # 3
+                last_full = batch
+                if cfg.algo.dynamic_sampling:
+                    batch, n_dropped = self.keep_informative(batch)
+                    dropped += n_dropped
+                if batch.num_rows:
+                    kept.append(batch)
+                    local = int(batch.group.max()) + 1
+            rounds += 1
+            n_kept += int(self.dist.all_reduce_sum(local))  # [dist] every rank agrees when the batch is full
             if not cfg.algo.dynamic_sampling or n_kept >= B or rounds > cfg.algo.max_sampling_rounds:
                 break
         # No informative group at all within the cap: train on the last batch (all advantages 0).
-        batch = Rollouts.concat(kept) if kept else last_full
-        return batch, {"dynamic_dropped_groups": dropped, "sampling_rounds": rounds,
+        batch = Rollouts.concat(kept) if kept else last_full if n_kept == 0 else last_full.select([])
+        failures = distributed.sum_counts(self.dist, failures)  # [dist]
+        return batch, {"dynamic_dropped_groups": int(self.dist.all_reduce_sum(dropped)), "sampling_rounds": rounds,
                        "reward_failures": sum(failures.values()),
                        **{f"reward_failures/{k}": v for k, v in failures.items()}}
 
-    def generate(self, rows: list[dict], n: int) -> Rollouts:
+    def generate(self, rows: list[dict], n: int, stream: int | None = None) -> Rollouts:
         """n samples of each row's prompt. On an out-of-memory error the prompts go to the engine in
-        halves (whole groups each; the cap stays for the run) and are sampled again."""
+        halves (whole groups each; the cap stays for the run) and are sampled again. `stream`: the
+        first row's position in the prompt stream, which seeds its samples (the same in any split)."""
+        at = lambda i: self.sampling if stream is None else replace(self.sampling, stream=stream + i)  # noqa: E731
         while True:
             k = self.rollout_prompts or len(rows)
             try:
-                parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=self.sampling,
+                parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=at(i),
                                               columns=rows[i:i + k]) for i in range(0, len(rows), k)]
                 return Rollouts.concat(parts)
             except torch.OutOfMemoryError:
@@ -244,8 +258,9 @@ class Trainer:
         kl = None
         if a.kl_in_reward and a.beta > 0:  # REINFORCE++: the KL is charged in the token rewards, not the loss
             kl = kl_penalty(batch.sampling_logprobs, batch.ref_logprobs, a.kl_estimator) * batch.action_mask
-        out = self._estimator()(AdvantageInputs(batch.rewards, batch.group, a.scale, a.std_eps, batch.action_mask,
-                                                kl, a.beta))
+        out = distributed.global_advantages(self.dist, self._estimator(),  # [dist] statistics of the whole batch
+                                            AdvantageInputs(batch.rewards, batch.group, a.scale, a.std_eps,
+                                                            batch.action_mask, kl, a.beta))
         batch.advantages = out.advantages
         return {"zero_std_frac": out.zero_std_frac, "reward_group_std": out.group_std_mean}
 
@@ -257,8 +272,10 @@ class Trainer:
         if a.mask_truncated:
             batch.loss_mask = batch.loss_mask * (~batch.truncated)[:, None]
         if a.top_entropy_quantile is not None:
-            ent = self._score(batch).entropy
-            batch.loss_mask = top_entropy_mask(ent, batch.loss_mask, a.top_entropy_quantile).to(batch.loss_mask.dtype)
+            ent, mine = distributed.gather_rows(self.dist, self._score(batch).entropy)  # [dist] the whole batch's
+            mask, _ = distributed.gather_rows(self.dist, batch.loss_mask)  # quantile, this rank's rows of it
+            keep = top_entropy_mask(ent, mask, a.top_entropy_quantile)[mine, :batch.loss_mask.shape[1]]
+            batch.loss_mask = keep.to(batch.loss_mask.dtype)
 
     def update(self, batch: Rollouts) -> tuple[UpdateResult, UpdateResult]:
         """num_iterations optimiser steps over the batch; returns the first pass (the sampling policy's
@@ -295,16 +312,18 @@ class Trainer:
         ratio, a = torch.exp(log_r), adv[:, None]
         s = self.cfg.algo
         out_of_range = ((ratio > 1 + s.epsilon_high) & (a > 0)) | ((ratio < 1 - s.epsilon_low) & (a < 0))
-        out = {"update_kl": float((kl_penalty(old, new) * m).sum() / n),
-               "update_clip_frac": float((out_of_range * m).sum() / n)}
+        # [dist] (mean, weight) per rank, weight-averaged over ranks
+        out = {"update_kl": (float((kl_penalty(old, new) * m).sum() / n), float(m.sum())),
+               "update_clip_frac": (float((out_of_range * m).sum() / n), float(m.sum()))}
         pos = adv > 0
         if pos.any():
             mp = m[pos]
             delta = log_r[pos].sum(-1)  # per response, change of its total log-likelihood
-            out.update({"logp_pos_mean": float((old[pos] * mp).sum() / mp.sum().clamp(min=1)),
-                        "logp_pos_delta": float(delta.sum() / mp.sum().clamp(min=1)),  # per token
-                        "frac_pos_delta_nonpos": float((delta <= 0).float().mean())})
-        return out
+            w = float(mp.sum())
+            out.update({"logp_pos_mean": (float((old[pos] * mp).sum() / mp.sum().clamp(min=1)), w),
+                        "logp_pos_delta": (float(delta.sum() / mp.sum().clamp(min=1)), w),  # per token
+                        "frac_pos_delta_nonpos": (float((delta <= 0).float().mean()), float(pos.sum()))})
+        return distributed.weighted_means(self.dist, out)
 
     def _policy_update_oom_safe(self, batch: Rollouts, score_rest: bool) -> UpdateResult:
         """policy_update; on an out-of-memory error, halve the micro-batch and redo the step from the same
@@ -317,7 +336,8 @@ class Trainer:
             try:
                 return policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
                                      micro_batch=self.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
-                                     max_len=cfg.rollout.max_new_tokens, score_rest=score_rest)
+                                     max_len=cfg.rollout.max_new_tokens, score_rest=score_rest,
+                                     dist=self.dist)  # [dist]
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 if torch.cuda.is_available():
@@ -356,7 +376,9 @@ class Trainer:
             bar.set_postfix(reward="n/a" if r is None else f"{r:.3f}", loss=f"{metrics['loss']:.3g}")
 
     def evaluate(self) -> float:
-        return accuracy(self.engine, self.eval_rows, self.task, self.sampling)
+        rows = self.eval_rows[self.dist.share(len(self.eval_rows))]  # [dist] each rank scores its share
+        acc = accuracy(self.engine, rows, self.task, self.sampling) if rows else 0.0
+        return self.dist.all_reduce_sum(acc * len(rows)) / len(self.eval_rows)
 
     def _can_evaluate(self) -> bool:
         return bool(self.cfg.train.eval_before_after and self.task and self.eval_rows)

@@ -130,18 +130,26 @@ def rows_to_compute(batch: Rollouts, algo) -> torch.Tensor:
 
 
 def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float, micro_batch: int,
-                  max_grad_norm: float, max_len: int, score_rest: bool = True) -> UpdateResult:
+                  max_grad_norm: float, max_len: int, score_rest: bool = True, dist=None) -> UpdateResult:
     """One optimiser step over the whole batch (gradient accumulation over micro-batches).
 
     `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`); `max_len`
     is `rollout.max_new_tokens`, Dr. GRPO's constant normaliser. A batch with no learning signal
     (every advantage 0 and no KL or LLDS term: all groups solved or all failed) is not stepped:
     AdamW would still move the weights on its momentum and weight decay, drifting the policy on a
-    batch that says nothing."""
+    batch that says nothing.
+
+    `dist` (tinyrl.distributed; default: one process): `batch` is this rank's share of the global
+    batch. The normalisers, the no-signal and non-finite decisions are global, and the gradients are
+    summed over ranks once, before clipping, so every rank takes the step one process takes."""
+    from tinyrl.distributed import Dist
+
+    dist = dist or Dist()
     loss_mask = batch.loss_mask.float()
-    totals = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
+    local = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
+    totals = BatchTotals(dist.all_reduce_sum(local.num_tokens), dist.all_reduce_sum(local.num_seqs), local.max_len)
     rows = rows_to_compute(batch, algo)
-    no_signal = rows.numel() == 0
+    no_signal = dist.all_reduce_sum(rows.numel()) == 0
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
     N, T = loss_mask.shape
@@ -149,35 +157,47 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     acc: dict[str, float] = {}
     loss_total, finite = 0.0, True
     pick = lambda t, mb, dev: None if t is None else t[mb.rows, :mb.completion_end].to(dev)  # noqa: E731
-    for mb in micro_batches(batch, rows, micro_batch):
-        h = completion_hidden(model, batch, mb)
-        weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
-        dev, t1 = h.device, mb.completion_end
-        adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
-        out = kernels.fused_linear_grpo_loss(
-            h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
-            algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
-            rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
-            temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
-        if not torch.isfinite(out.loss):
-            finite = False
-            break
-        out.loss.backward()
-        loss_total += float(out.loss.detach())
-        logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
-        entropy[mb.rows, :t1] = out.entropy.float().cpu()
-        w = out.stats.get("tokens", 0.0)
-        for k, v in out.stats.items():
-            acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
-    if score_rest and finite:  # the rows without gradient: their logprobs and entropies only, no graph
-        rest = torch.nonzero((loss_mask.sum(-1) > 0) & ~torch.isin(torch.arange(N), rows)).squeeze(-1)
-        if rest.numel():
-            scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
-            keep = loss_mask[rest]
-            logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    oom = False
+    try:
+        for mb in micro_batches(batch, rows, micro_batch):
+            h = completion_hidden(model, batch, mb)
+            weight, bias = output_projection(model)  # per micro-batch: a head LoRA's graph is freed by backward
+            dev, t1 = h.device, mb.completion_end
+            adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
+            out = kernels.fused_linear_grpo_loss(
+                h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
+                algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
+                rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
+                temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
+            if not torch.isfinite(out.loss):
+                finite = False
+                break
+            out.loss.backward()
+            loss_total += float(out.loss.detach())
+            logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
+            entropy[mb.rows, :t1] = out.entropy.float().cpu()
+            w = out.stats.get("tokens", 0.0)
+            for k, v in out.stats.items():
+                acc[k] = acc.get(k, 0.0) + (v if k == "tokens" else v * w)
+        if score_rest and finite:  # the rows without gradient: their logprobs and entropies only, no graph
+            rest = torch.nonzero((loss_mask.sum(-1) > 0) & ~torch.isin(torch.arange(N), rows)).squeeze(-1)
+            if rest.numel():
+                scored = score(model, batch, temperature, micro_batch, algo.chunk_size, algo.loss_impl, rows=rest)
+                keep = loss_mask[rest]
+                logprobs[rest], entropy[rest] = scored.logprobs[rest] * keep, scored.entropy[rest] * keep
+    except torch.OutOfMemoryError:
+        if dist.world == 1:
+            raise
+        oom = True
+    if dist.any(oom):  # every rank redoes the step with a smaller micro-batch, or none would match the others
+        optimizer.zero_grad(set_to_none=True)
+        raise torch.OutOfMemoryError("out of memory in the update on one of the processes")
+    finite = not dist.any(not finite)
     if no_signal:
         grad_norm, skipped = 0.0, False
     else:
+        if finite:
+            dist.all_reduce_grads(params)  # the one gradient exchange of the step
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
         skipped = not (finite and math.isfinite(grad_norm))
         if skipped:

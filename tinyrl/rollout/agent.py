@@ -100,7 +100,9 @@ class AgentEngine:
         self._advance(trajs, [s for group in first for s in group], budget)
         while any(not t.done for t in trajs):
             live = [t for t in trajs if not t.done]
-            out = self.inner.sample([t.prompt_ids + t.ids for t in live], turn_params, n=1, greedy=greedy,
+            # later turns: contexts are live trajectories, not prompts; no prompt stream (per-call seeds)
+            out = self.inner.sample([t.prompt_ids + t.ids for t in live], replace(turn_params, stream=None), n=1,
+                                    greedy=greedy,
                                     max_new=[budget - len(t.ids) for t in live])
             self._advance(live, [g[0] for g in out], budget)
         batch = pack_rollouts(tok, [t.prompt_ids for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],

@@ -7,6 +7,7 @@ policy update read and fill its fields. Shapes use N = B*G rows, P = prompt leng
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -21,6 +22,19 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)
+    # Sample streams: context i of a call draws from the engine's stream `stream + i`, whichever call,
+    # batch or rank draws it (the trainer passes each prompt's position in the run's prompt stream, so
+    # a prompt's samples do not depend on how the batch is split over processes); None: per call.
+    stream: int | None = None
+
+
+def stream_seed(*key) -> int:
+    """A 63-bit seed for a generator keyed by (engine seed, ...), the same in every process.
+
+    >>> stream_seed(0, "prompt", 5) == stream_seed(0, "prompt", 5) != stream_seed(0, "prompt", 6)
+    True
+    """
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") >> 1
 
 
 @dataclass

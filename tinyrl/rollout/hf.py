@@ -11,8 +11,11 @@ finished rows from the batch and the KV cache, so short answers stop costing com
 
 Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
 repeated n times (prompt-major rows), then decoding starts from each context's last token.
-Sampling is seeded per call (`seed`, `calls`), so a resumed run draws the same samples; the
-global torch RNG is not touched.
+When the caller names a stream (`params.stream`; the trainer: the prompt's position in the run's
+prompt stream), context i samples from its own generator seeded by (`seed`, stream + i), so a prompt
+draws the same samples in whichever batch or process it lands; else one generator per call
+(`seed`, `calls`).
+A resumed run draws the same samples; the global torch RNG is not touched.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import inspect
 
 import torch
 
-from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text
+from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
 
 
 class HFEngine:
@@ -40,13 +43,17 @@ class HFEngine:
     @torch.no_grad()
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
                max_new: list[int] | None = None) -> list[list[Sample]]:
-        gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
+        if params.stream is None:  # one generator for the call
+            gens = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
+        else:  # one per context, keyed by its position in the caller's stream
+            gens = [torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, "prompt", params.stream + i))
+                    for i in range(len(contexts))]
         self.calls += 1
         budget = torch.tensor(max_new if max_new is not None else [params.max_new_tokens] * len(contexts))
         was_training = self.model.training
         self.model.eval()
         try:
-            rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy, gen)
+            rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy, gens)
         finally:
             self.model.train(was_training)
         return [rows[i * n:(i + 1) * n] for i in range(len(contexts))]
@@ -93,7 +100,7 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
             last_pos.repeat_interleave(n))
 
 
-def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: bool, gen) -> list[Sample]:
+def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: bool, gens) -> list[Sample]:
     from tinyrl.model import lm_head_of, trunk_of
 
     trunk, head = trunk_of(model), lm_head_of(model)
@@ -113,7 +120,12 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
         h = trunk(input_ids=cur, attention_mask=attn, position_ids=pos[:, None], use_cache=True,
                   **{kw: cache}).last_hidden_state[:, -1]
         logp = torch.log_softmax(head(h).float() / temperature, -1)
-        nxt = logp.argmax(-1) if greedy else _draw(logp, params.top_p, gen)
+        if greedy:
+            nxt = logp.argmax(-1)
+        elif isinstance(gens, torch.Generator):
+            nxt = _draw(logp, params.top_p, gens)
+        else:
+            nxt = _draw_per_context(logp, params.top_p, gens, live // n)
         chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)
         left -= 1
         ids_l, lp_l = nxt.tolist(), chosen.tolist()
@@ -138,6 +150,16 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
             live, left, attn, nxt, pos = live[keep], left[keep], attn[keep.to(device)], nxt[keep.to(device)], pos[keep.to(device)]
         cur, pos = nxt[:, None], pos + 1
     return [Sample(out_ids[r], out_lp[r], finish[r]) for r in range(R)]
+
+
+def _draw_per_context(logp: torch.Tensor, top_p: float, gens: list[torch.Generator], owner: torch.Tensor):
+    """One token per row, row j drawn from the generator of its context `owner[j]` (rows are
+    context-major): a context's draws do not depend on the other contexts of the batch."""
+    out = torch.empty(logp.shape[0], dtype=torch.long, device=logp.device)
+    for c in torch.unique_consecutive(owner).tolist():
+        rows = torch.nonzero(owner == c).squeeze(-1).to(logp.device)
+        out[rows] = _draw(logp[rows], top_p, gens[c])
+    return out
 
 
 def _draw(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text
+from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text, stream_seed
 
 log = logging.getLogger("tinyrl.rollout.vllm")
 
@@ -168,7 +168,10 @@ class VLLMEngine:
         base = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
         self.calls += 1
         budgets = max_new if max_new is not None else [params.max_new_tokens] * len(contexts)
-        sp = [self._sampling(params, n, greedy, seed=base + i * n, max_tokens=m) for i, m in enumerate(budgets)]
+        # a named stream (the prompt's position in the run): the same seed in whichever batch or rank
+        seeds = [base + i * n if params.stream is None else stream_seed(self.seed, "prompt", params.stream + i) % 2 ** 31
+                 for i in range(len(contexts))]
+        sp = [self._sampling(params, n, greedy, seed=seeds[i], max_tokens=m) for i, m in enumerate(budgets)]
         outs = self.llm.generate([{"prompt_token_ids": list(x)} for x in contexts], sp, use_tqdm=False,
                                  lora_request=self._lora)
         return [[_sample_of(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]

@@ -1,0 +1,59 @@
+"""1 vs N processes on a CPU (gloo): step time per phase of the same run, the same global batch.
+
+    python benchmarks/dist_cpu.py [--nproc 1 2] [--steps 6] [key=value ...]
+
+Each case is `tinyrl train tiny_grpo_cpu` in fresh processes (N > 1: `--nproc N`, re-launched
+through accelerate); the figures come from each run's metrics.jsonl (rank 0's clocks): median
+step time, its rollout part (generate + reward + dynamic-sampling rounds: `gen_time`) and the rest
+(reference, advantages, update, re-score, sync, and the cross-process exchanges). The first step
+is left out (warm-up). A 2-core machine cannot make 2 processes faster: this shows the overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_case(nproc: int, steps: int, extra: list[str], root: Path) -> dict:
+    name = f"n{nproc}"
+    cmd = [sys.executable, "-m", "tinyrl", "train", f"train.steps={steps}", "train.eval_before_after=false",
+           "log.progress=false", f"log.run_dir={root}", f"log.name={name}", *extra]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // nproc))}
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()][1:]
+    step = statistics.median(r["step_time"] for r in rows)
+    gen = statistics.median(r["gen_time"] for r in rows)
+    return {"nproc": nproc, "processes_seen": rows[0]["processes"], "step_s": step, "rollout_s": gen,
+            "rest_s": step - gen, "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        results = [run_case(n, a.steps, a.overrides, Path(d)) for n in a.nproc]
+    print(f"{'processes':>9} {'step s':>8} {'rollout s':>10} {'rest s':>8} {'wall s':>8}")
+    for r in results:
+        print(f"{r['processes_seen']:>9} {r['step_s']:8.3f} {r['rollout_s']:10.3f} {r['rest_s']:8.3f} {r['wall_s']:8.1f}")
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
