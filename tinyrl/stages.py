@@ -76,7 +76,15 @@ STAGES: dict[str, Callable] = {"sft": _sft, "grpo": _grpo, "rest_em": _rest_em, 
 
 
 def staged(preset=None, profile=None, resume=None, overrides: dict | None = None) -> bool:
-    """Whether this run (a preset + overrides, or a run folder to resume) names stages."""
+    """Whether this run (a preset + overrides, or a run folder to resume) names stages. A run folder's
+    config is only peeked at here: a bad override is reported by the resume itself, naming the file."""
+    if resume is not None:
+        from tinyrl.config import ConfigError, apply_overrides
+
+        try:
+            return bool(apply_overrides(RunDir(Path(resume)).config(), dict(overrides or {})).get("stages"))
+        except (ConfigError, OSError, ValueError):
+            return False
     return bool(_config(preset, profile, resume, overrides)[1].stages)
 
 
