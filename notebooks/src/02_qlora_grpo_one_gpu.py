@@ -72,7 +72,7 @@ if ON_GPU:
     print(text)
 else:
     profile, preset = None, "tiny_grpo_cpu"
-    _, text = plan(preset, ["model.load_in_4bit=true"], gpu_mem="1GB")
+    _, text = plan(preset, ["model.load_in_4bit=true"])  # on the CPU: the host memory is the budget
     print(text)
 
 # %% [markdown]
