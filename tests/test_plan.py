@@ -216,14 +216,16 @@ def test_plan_of_every_preset_and_profile(preset, profile):
     for phase, bigger in grow.items():  # the phase the knob acts on grows; the peak never shrinks
         b = build(bigger, budget)
         before = no_eval if phase == "rollout" else p
-        assert b.peak >= before.peak, phase
+        if b.vllm is None and before.vllm is None:  # with vLLM its share is sized from what the update
+            assert b.peak >= before.peak, phase  # leaves, so the total may fall while the phase grows
         if phase == "rollout" and b.vllm and b.vllm[1] < bigger.rows:
             continue  # vLLM's share is capped by the card: the rollout runs in waves of max_num_seqs instead
         assert b.phases[phase.strip()] > before.phases[phase.strip()], phase
     if profile is not None:  # the shipped GPU presets fit the card their profile names
         assert p.fits, (preset, profile, p.peak / 2**30, p.budget / 2**30, p.problems)
-    tight = build(s, int(p.peak * 0.9))
-    assert not tight.fits and build(s, int(p.peak * 1.01) + 1).fits == (not p.problems)
+    if p.vllm is None:  # vLLM's share is a fraction of the card: a smaller card is another plan, not the edge
+        tight = build(s, int(p.peak * 0.9))
+        assert not tight.fits and build(s, int(p.peak * 1.01) + 1).fits == (not p.problems)
     g = largest(s, budget, "generations", hi=4 * s.generations)
     if g is not None and p.fits:
         assert g >= s.generations and build(dataclasses.replace(s, generations=g), budget).fits
