@@ -235,6 +235,40 @@ def test_training_steps_keep_the_weight_sync_canary_quiet(trainer):
     assert moved  # the adapter trained, so a quiet canary means the syncs reached vLLM
 
 
+def test_multi_turn_episodes_on_vllm_keep_the_sampled_ids_and_match_the_trainer(trainer):
+    """AgentEngine over the vLLM engine: "=" ends a tool call (the random model writes it often), the
+    observation "77" is spliced in as tokens and masked; every sampled token's vLLM logprob equals
+    the trainer's score of the whole multi-turn sequence."""
+    from types import SimpleNamespace
+
+    from tinyrl.agents import ToolCall, ToolResult
+    from tinyrl.rollout.agent import AgentEngine
+
+    class EqualsFormat:
+        stop, final = ["="], ["\n"]
+
+        def parse(self, text):
+            return [ToolCall("lookup", {}, "=")]
+
+        def observation(self, results, tokenizer=None):
+            return "".join(r.text for r in results)
+
+    class Env:
+        def step(self, calls):
+            return [ToolResult("77") for _ in calls]
+
+    cfg = SimpleNamespace(max_turns=3, max_obs_tokens=4, mask_observations=True)
+    agent = AgentEngine(trainer.engine, trainer.tokenizer, EqualsFormat(), lambda row: Env(), cfg)
+    r = agent.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=24), columns=[{} for _ in PROMPTS])
+    obs, act = r.observation_mask.bool(), r.action_mask.bool()
+    assert obs.any() and sum(t["tool_calls"] for t in r.trajectories) > 0
+    assert not (r.loss_mask.bool() & obs).any()
+    seven = trainer.tokenizer.convert_tokens_to_ids("7")
+    assert (r.completion_ids[obs] == seven).all()  # the observation's own token ids, nothing re-tokenised
+    lp = trainer_logprobs(trainer.model, r, 1.0)
+    assert float((r.sampling_logprobs[act] - lp[act]).abs().max()) < 1e-4
+
+
 def test_qlora_vllm_samples_the_trainers_nf4_base(vllm, vllm_model_dir, trainer):
     """vLLM >= 0.32 has no bitsandbytes: its base is filled from the trainer's dequantised nf4."""
     pytest.importorskip("bitsandbytes")
@@ -284,36 +318,3 @@ def test_gpu_release_frees_the_kv_cache_and_keeps_the_weights(trainer):
     r = eng.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=12))  # woke up, weights intact
     assert max_gap(r, trainer_logprobs(trainer.model, r, 1.0)) < 5e-2
 
-
-def test_multi_turn_episodes_on_vllm_keep_the_sampled_ids_and_match_the_trainer(trainer):
-    """AgentEngine over the vLLM engine: "=" ends a tool call (the random model writes it often), the
-    observation "77" is spliced in as tokens and masked; every sampled token's vLLM logprob equals
-    the trainer's score of the whole multi-turn sequence."""
-    from types import SimpleNamespace
-
-    from tinyrl.agents import ToolCall, ToolResult
-    from tinyrl.rollout.agent import AgentEngine
-
-    class EqualsFormat:
-        stop, final = ["="], ["\n"]
-
-        def parse(self, text):
-            return [ToolCall("lookup", {}, "=")]
-
-        def observation(self, results, tokenizer=None):
-            return "".join(r.text for r in results)
-
-    class Env:
-        def step(self, calls):
-            return [ToolResult("77") for _ in calls]
-
-    cfg = SimpleNamespace(max_turns=3, max_obs_tokens=4, mask_observations=True)
-    agent = AgentEngine(trainer.engine, trainer.tokenizer, EqualsFormat(), lambda row: Env(), cfg)
-    r = agent.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=24), columns=[{} for _ in PROMPTS])
-    obs, act = r.observation_mask.bool(), r.action_mask.bool()
-    assert obs.any() and sum(t["tool_calls"] for t in r.trajectories) > 0
-    assert not (r.loss_mask.bool() & obs).any()
-    seven = trainer.tokenizer.convert_tokens_to_ids("7")
-    assert (r.completion_ids[obs] == seven).all()  # the observation's own token ids, nothing re-tokenised
-    lp = trainer_logprobs(trainer.model, r, 1.0)
-    assert float((r.sampling_logprobs[act] - lp[act]).abs().max()) < 1e-4
