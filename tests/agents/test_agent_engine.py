@@ -20,6 +20,7 @@ from tinyrl.agents.formats import HermesFormat
 from tinyrl.rollout.agent import AgentEngine
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.hf import HFEngine
+from tests.conftest import Recording
 
 PEOPLE = [("Bales Bavax", "Grisimor", "tailor"), ("Gelo Homak", "Neliton", "baker"),
           ("Sunir Fali", "Helemor", "miner"), ("Duva Reses", "Samemor", "smith"), ("Levin Kenes", "Disuton", "fisher")]
@@ -90,20 +91,6 @@ def policy(world):
     model.save_pretrained(path)
     return load_policy(ModelConfig(name=str(path)), LoraConfig(r=4, alpha=8))
 
-
-class Recording:
-    """The inner engine, recording every sample it hands out."""
-
-    def __init__(self, inner):
-        self.inner, self.samples = inner, []
-
-    def sample(self, *a, **kw):
-        out = self.inner.sample(*a, **kw)
-        self.samples += [s for g in out for s in g]
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def make_agent(policy, world, **agent):

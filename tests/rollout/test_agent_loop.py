@@ -13,6 +13,7 @@ import torch
 from tinyrl.rollout.agent import AgentEngine
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.hf import HFEngine
+from tests.conftest import Recording, make_char_model
 
 
 @dataclass
@@ -60,40 +61,11 @@ def echo_env(row):  # the factory contract: an environment already reset with it
 @pytest.fixture(scope="module")
 def char_policy(tmp_path_factory):
     """A random Llama over tiny-arith's printable-ASCII tokenizer: it emits "]" and "!" often."""
-    from importlib import resources
-
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     from tinyrl.config import LoraConfig, ModelConfig
     from tinyrl.model import load_policy
 
-    path = tmp_path_factory.mktemp("char-random")
-    tok = AutoTokenizer.from_pretrained(str(resources.files("tinyrl.assets") / "tiny-arith"))
-    tok.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # a flat head: every character (the tags "]" and "!" too) about equally likely
-        model.lm_head.weight.mul_(0.2)
-    model.save_pretrained(path)
-    return load_policy(ModelConfig(name=str(path)), LoraConfig(r=4, alpha=8))
-
-
-class Recording:
-    """The inner engine, recording every sample it hands out (to check the ids are kept exactly)."""
-
-    def __init__(self, inner):
-        self.inner, self.samples = inner, []
-
-    def sample(self, *a, **kw):
-        out = self.inner.sample(*a, **kw)
-        self.samples += [s for g in out for s in g]
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    path = make_char_model(tmp_path_factory.mktemp("char-random"))
+    return load_policy(ModelConfig(name=path), LoraConfig(r=4, alpha=8))
 
 
 def agent(policy, max_turns=3, max_obs=12, mask=True, seed=0):

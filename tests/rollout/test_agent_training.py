@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import tinyrl
 from tinyrl.agents import FORMATS, ToolCall
+from tests.conftest import make_char_model
 
 
 class BracketFormat:
@@ -43,22 +43,7 @@ def bracket_format(monkeypatch):
 
 @pytest.fixture(scope="module")
 def char_model(tmp_path_factory):
-    from importlib import resources
-
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("char-random-agent")
-    tok = AutoTokenizer.from_pretrained(str(resources.files("tinyrl.assets") / "tiny-arith"))
-    tok.save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(0.2)
-    model.save_pretrained(path)
-    return str(path)
+    return make_char_model(tmp_path_factory.mktemp("char-random-agent"), max_positions=512)
 
 
 def overrides(model, root, **more):
