@@ -42,14 +42,13 @@ OPTIONAL = ("vllm", "bitsandbytes", "trl")
 
 def shim_dir() -> Path:
     """A folder whose `tinyrl` package is the repository's, laid out as pyproject maps it
-    (tinyrl.kernels -> kernels/, tinyrl.presets -> presets/), made of symlinks."""
+    (tinyrl.presets -> presets/), made of symlinks."""
     shim = Path(tempfile.mkdtemp(prefix="tinyrl-shim-"))
     pkg = shim / "tinyrl"
     pkg.mkdir()
     for entry in (ROOT / "tinyrl").iterdir():
         if entry.name != "__pycache__":
             (pkg / entry.name).symlink_to(entry)
-    (pkg / "kernels").symlink_to(ROOT / "kernels")
     (pkg / "presets").symlink_to(ROOT / "presets")
     return shim
 

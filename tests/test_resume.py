@@ -145,7 +145,8 @@ def test_sigterm_saves_a_checkpoint(tiny_model_dir, run_root):
 def _eval_run(run_root, name, steps):
     o = {"model.name": "tiny-arith", "log.run_dir": run_root, "log.name": name, "log.progress": False,
          "train.steps": steps, "train.prompts_per_step": 2, "rollout.num_generations": 2, "train.micro_batch_size": 4,
-         "data.num_eval": 700, "rollout.max_new_tokens": 64}  # a held-out evaluation of ~5 s on a CPU to land in
+         "data.num_eval": 3000, "data.task_args": json.dumps({"digits": 3}),  # a held-out evaluation of 2-3 s
+         "rollout.max_new_tokens": 64}
     return cli([f"{k}={v}" for k, v in o.items()])
 
 
@@ -165,20 +166,12 @@ def test_an_interrupt_during_the_held_out_evaluation_is_clean(run_root, sig, pha
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
-    # before: the trainer is built (its last start-up warning is out) and evaluates first;
-    # after: the final adapter is saved, and the evaluation follows at once
-    loaded: list[float] = []
-
-    def built() -> bool:  # transformers' last start-up warning, or 3 s after the weights loaded
-        if not loaded and any("Loading weights" in ln for ln in lines):
-            loaded.append(time.time())
-        return any("warnings.warn" in ln for ln in lines) or bool(loaded and time.time() > loaded[0] + 3)
-
-    ready = built if phase == "before" else (lambda: (folder / "adapter" / "adapter_model.safetensors").exists())
+    # the trainer logs the start of each evaluation: the signal goes out as soon as that line is read
+    # (the 3000-prompt evaluation takes 2-3 s on a CPU, reading the line milliseconds)
+    started = f"held-out evaluation {phase} training"
     deadline = time.time() + 240
-    while time.time() < deadline and not ready() and proc.poll() is None:
-        time.sleep(0.05)
-    time.sleep(1.0)  # into the evaluation
+    while time.time() < deadline and not any(started in ln for ln in lines) and proc.poll() is None:
+        time.sleep(0.01)
     assert proc.poll() is None, "".join(lines)
     proc.send_signal(sig)
     rc = proc.wait(timeout=120)

@@ -133,7 +133,10 @@ class Trainer:
             adapter = self.run.path / "adapter"
             if self.dist.is_main:  # [dist] rank 0 owns the run folder
                 self.model.save_pretrained(adapter)
-            after = self.evaluate() if self._can_evaluate() else None
+            after = None
+            if self._can_evaluate():
+                log.info("held-out evaluation after training (%d prompts)", len(self.eval_rows))
+                after = self.evaluate()
         except KeyboardInterrupt:
             if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
                 self.save_checkpoint()

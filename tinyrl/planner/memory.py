@@ -13,7 +13,7 @@ the code whose allocations it counts:
 - activations: the tensors autograd saves in transformers' Llama/Qwen2 decoder with sdpa
   attention, frozen base and LoRA on `targets` (`saved_per_token_layer`, checked tensor by
   tensor against `torch.autograd.graph.saved_tensors_hooks` in tests/test_plan.py).
-- the fused loss (`kernels/torch_logprobs.py`, `kernels/triton_logprobs.py`): logits exist
+- the fused loss (`tinyrl/kernels/torch_logprobs.py`, `tinyrl/kernels/triton_logprobs.py`): logits exist
   only as [chunk, vocab tile] fp32 blocks; the backward holds an fp32 grad of the selected
   hidden rows.
 - KV cache: 2 x layers x kv_heads x head_dim x bytes per token (vLLM's
@@ -32,8 +32,8 @@ GiB = 2**30
 NF4_BLOCK = 64  # bitsandbytes 4-bit block size (Params4bit default on CUDA and CPU)
 NF4_BLOCK2 = 256  # blocks of the double-quantised absmax
 VLLM_BLOCK = 16  # vLLM KV-cache block (tokens)
-VOCAB_TILE = 8192  # kernels/torch_logprobs.py VOCAB_TILE
-TRITON_ROW_CHUNK, TRITON_VOCAB_CHUNK = 4096, 8192  # kernels/triton_logprobs.py backward block
+VOCAB_TILE = 8192  # tinyrl/kernels/torch_logprobs.py VOCAB_TILE
+TRITON_ROW_CHUNK, TRITON_VOCAB_CHUNK = 4096, 8192  # tinyrl/kernels/triton_logprobs.py backward block
 CUDA_CONTEXT = 500 * MiB  # driver context + cuBLAS/cuDNN workspaces, outside torch's allocator (typical)
 VLLM_FIXED = 512 * MiB  # vLLM's CUDA graphs and non-torch memory (an estimate; not measured here)
 SAMPLING_COPIES = 4  # HF generate, per step: fp32 logits, the logprob recorder, temperature-scaled, softmax
