@@ -153,8 +153,10 @@ CASES = [
     ("length_shortcut", "length falls 70% while reward rises", lambda r: patch(r, "completion_len", _set(3.5), 20), 23),
     ("length_shortcut", "length falls 70%, reward flat",
      lambda r: patch(patch(r, "completion_len", _set(3.5), 20), "reward_mean", _set(0.3)), None),
-    ("length_shortcut", "a 3-token answer halves while reward rises",
-     lambda r: patch(patch(r, "completion_len", _set(3.0)), "completion_len", _set(1.2), 20), None),
+    ("length_shortcut", "a 4-token answer halves to 1.8 tokens while reward rises",
+     lambda r: patch(patch(r, "completion_len", _set(4.0)), "completion_len", _set(1.8), 20), None),
+    ("length_shortcut", "a 3-token answer shrinks to next to nothing while reward rises (notebook 03's hack)",
+     lambda r: patch(patch(r, "completion_len", _set(3.0)), "completion_len", _set(1.2), 20), 24),
     ("length_explosion", "completions grow into the cap",
      lambda r: patch(patch(r, "truncated_frac", lambda s, v: min(1.0, 0.1 * (s - 15) + 0.05), 16),  # > 0.4 from 19
                      "completion_len", lambda s, v: min(24.0, 12 + 1.5 * (s - 15)), 16), 20),  # 2 steps

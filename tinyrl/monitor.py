@@ -103,7 +103,8 @@ class MonitorConfig:
     stale_weights_cooldown: int = 50
     # length_shortcut: shorter answers are rewarded without being right
     length_drop: float = 0.5  # completion length falls by more than this fraction ...
-    length_drop_min: float = 4.0  # ... and by at least this many tokens
+    length_drop_min: float = 4.0  # ... and by at least this many tokens,
+    length_empty_max: float = 1.5  # ... or to at most this many (next to empty: an end-of-text token alone)
     length_shortcut_steps: int = 1
     length_shortcut_cooldown: int = 50
     # length_explosion: completions grow into the length cap

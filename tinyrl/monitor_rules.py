@@ -24,7 +24,8 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
                                    update clip fraction is far above its median and an absolute floor;
                                    or the update KL is above 0.2 nats per token
     stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal)
-    length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens) while reward rises
+    length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens, or to <= 1.5) while
+                                   reward rises
     length_explosion     alarm     > 40% of a step's completions hit max_new_tokens (< 20% early) and
                                    the mean length is > 25% above its early value, two steps running
     tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
@@ -251,14 +252,16 @@ def stale_weights(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 
 def length_shortcut(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
-    """A length shortcut: completions get much shorter (relative and in tokens) while reward
-    rises, as when a format reward pays for an empty answer."""
+    """A length shortcut: completions get much shorter (relative, and in tokens or down to next
+    to nothing) while reward rises, as when a format reward pays for an empty answer. A short
+    answer (a bare sum of 3 tokens) cannot lose 4 tokens, but it can shrink to its end-of-text
+    token alone."""
     if len(h) < c.baseline_steps + c.window:
         return None
     base_len, cur_len = _mean(_vals(h[: c.baseline_steps], "completion_len")), _mean(_vals(h[-c.window:], "completion_len"))
     base_r, cur_r = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _mean(_vals(h[-c.window:], "reward_mean"))
-    if (base_len > 0 and cur_len < (1 - c.length_drop) * base_len and base_len - cur_len >= c.length_drop_min
-            and cur_r > base_r + c.reward_rise):
+    far = base_len - cur_len >= c.length_drop_min or cur_len <= c.length_empty_max  # a short answer can only empty
+    if base_len > 0 and cur_len < (1 - c.length_drop) * base_len and far and cur_r > base_r + c.reward_rise:
         return Finding(f"completion length fell {1 - cur_len / base_len:.0%} ({base_len:.1f} -> {cur_len:.1f} tokens) "
                        f"while reward rose ({base_r:.3f} -> {cur_r:.3f})",
                        "read samples.jsonl: if short answers are rewarded without being right, fix the reward "
