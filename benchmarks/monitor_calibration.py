@@ -101,6 +101,7 @@ CASES: dict[str, Case] = {
     "tiny_grpo_cpu": Case("tiny_grpo_cpu"),
     "tiny_sft_grpo_cpu": Case("tiny_sft_grpo_cpu"),  # the GRPO stage after an SFT cold start
     SMOLLM: Case(SMOLLM),
+    "tiny_search_cpu": Case("tiny_search_cpu"),  # the search agent (multi-turn tools): the agent rules' healthy case
     "tiny_collapse_cpu": Case("tiny_collapse_cpu", ("lazy_likelihood",), reward_collapse(), ("lazy_likelihood",),
                               seeds=(0,)),
     "tiny_entropy_collapse_cpu": Case("tiny_entropy_collapse_cpu", ("entropy_collapse",), seeds=(0,)),

@@ -63,12 +63,13 @@ class MonitorConfig:
     entropy_collapse_steps: int = 2
     entropy_collapse_cooldown: int = 50
     # advantage_collapse: most groups carry no learning signal
-    zero_std_max: float = 0.6  # window mean of zero_std_frac above this
+    zero_std_max: float = 0.9  # window mean of zero_std_frac above this (a sparse reward that learns sits at 0.5-0.8)
     advantage_collapse_steps: int = 1  # (the window mean is the noise guard)
     advantage_collapse_cooldown: int = 50
     # echo_trap: the within-group spread falls on its own
     echo_drop: float = 0.5  # group reward std (window median) falls by more than this fraction ...
-    echo_min_std: float = 0.1  # ... from a window median of at least this
+    echo_min_std: float = 0.1  # ... from a window median of at least this, ...
+    echo_entropy_drop: float = 0.2  # ... and token entropy (window mean) falls by more than this fraction
     echo_trap_steps: int = 2
     echo_trap_cooldown: int = 50
     # lazy_likelihood: the update lowers what it reinforces
@@ -119,8 +120,7 @@ class MonitorConfig:
     tool_use_collapse_steps: int = 2
     tool_use_collapse_cooldown: int = 50
     # tool_loop (multi-turn): the agent calls tools instead of answering
-    max_turns_pin: float = 0.9  # window mean of max_turns_frac above this ...
-    obs_flood_frac: float = 0.8  # ... or of obs_token_frac (tool output / completion tokens) above this
+    max_turns_pin: float = 0.9  # window mean of max_turns_frac above this
     tool_loop_steps: int = 2
     tool_loop_cooldown: int = 50
     # tool_errors (multi-turn): most tool calls fail

@@ -13,9 +13,10 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
 
     rule                 severity  fires when
     entropy_collapse     alarm     entropy < 30% of its early value and < 0.5 nats, reward not high
-    advantage_collapse   alarm     > 60% of groups have identical rewards (window mean), reward not high
+    advantage_collapse   alarm     > 90% of groups have identical rewards (window mean), reward not high
     echo_trap            alarm     within-group reward std falls > 50% below its recent median
-                                   (from >= 0.1) while the reward holds (neither high nor falling)
+                                   (from >= 0.1) and entropy > 20%, while the reward holds (neither
+                                   high nor falling)
     lazy_likelihood      alarm     the update lowers most positive responses' likelihood (and their
                                    mean by > 0.01 nats/token), or it falls for 3 windows while reward rises
     gradient_explosion   alarm     grad norm > 5x its rolling median and > 5; or a skipped
@@ -29,8 +30,7 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
     length_explosion     alarm     > 40% of a step's completions hit max_new_tokens (< 20% early) and
                                    the mean length is > 25% above its early value, two steps running
     tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
-    tool_loop            alarm     > 90% of trajectories end at agent.max_turns, or tool output is
-                                   > 80% of the completion tokens (window means)
+    tool_loop            alarm     > 90% of trajectories end at agent.max_turns (window mean)
     tool_errors          alarm     > 50% of tool calls fail (window mean), at >= 0.2 calls per trajectory
     truncation           warning   > 5% of completions hit max_new_tokens (window mean)
 """
@@ -125,8 +125,10 @@ def entropy_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 
 def advantage_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
-    """Most groups answer all alike (zero reward spread: zero advantage) over a window while the
-    task is not solved, so the run has nothing to learn from. (All solved is not a failure.)"""
+    """Nearly every group answers all alike (zero reward spread: zero advantage) over a window
+    while the task is not solved, so the run has next to nothing to learn from. (All solved is
+    not a failure; nor is a sparse reward: at 8% success a group of 8 is all-zero half the time,
+    and the search agent learns with 50-80% of its groups all-zero.)"""
     z = _window_mean(h, "zero_std_frac", c.window)
     high, r = _reward_high(h[-c.window:], c)
     if z is None or z <= c.zero_std_max or high:
@@ -141,7 +143,9 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """Each group's samples come to echo one answer: the within-group reward spread (window
     median, so a few unlucky batches of a sparse reward do not count) falls far below its median
     just before, from a real spread, while reward holds. Fewer successes (reward falling too) is
-    advantage collapse, not echo; a solved task may agree with itself."""
+    advantage collapse, not echo; a solved task may agree with itself. Samples that echo one
+    answer are less diverse, so token entropy falls with the spread: a sparse reward's spread
+    halves by chance over 5 steps while entropy holds (the search agent's healthy runs)."""
     if len(h) < 2 * c.window:
         return None
     ref, now = h[-2 * c.window:-c.window], h[-c.window:]
@@ -151,9 +155,12 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     if len(s_ref) < c.window or len(s_now) < c.window or high or not r_now >= (1 - c.echo_drop) * r_ref:
         return None
     med, cur = _median(s_ref), _median(s_now)
-    if med >= c.echo_min_std and cur < (1 - c.echo_drop) * med:
+    e_ref, e_now = _mean(_vals(ref, "entropy")), _mean(_vals(now, "entropy"))
+    narrower = not (e_ref > 0) or e_now < (1 - c.echo_entropy_drop) * e_ref  # entropy not measured: spread alone
+    if med >= c.echo_min_std and cur < (1 - c.echo_drop) * med and narrower:
         return Finding(f"within-group reward std (median of the last {c.window} steps) {cur:.3g} fell "
-                       f"{1 - cur / med:.0%} below its median {med:.3g} just before, while reward holds at "
+                       f"{1 - cur / med:.0%} below its median {med:.3g} just before, and token entropy "
+                       f"{e_now:.3g} {1 - e_now / e_ref:.0%} below its {e_ref:.3g}, while reward holds at "
                        f"{r_now:.3f}: each group's samples echo one answer",
                        "raise rollout.temperature, turn on algo.dynamic_sampling, or lower train.lr")
     return None
@@ -163,7 +170,8 @@ def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """Lazy likelihood displacement: the update lowers the likelihood of most of the responses it
     rewards, and lowers it on average by more than noise (means over a few steps: an overshooting
     step size shows here first; on a healthy run about half of them can dip while the mean
-    rises), or correct responses' likelihood keeps falling for several windows (by more than noise) while reward rises."""
+    rises), or correct responses' likelihood keeps falling for several windows (by more than
+    noise) while reward rises and the updates themselves did not raise it on average."""
     action = "turn on LLDS: algo.llds_lambda=0.2 with algo.num_iterations>=2"
     nonpos = _window_mean(h, "frac_pos_delta_nonpos", c.lld_nonpos_steps)
     delta = _window_mean(h, "logp_pos_delta", c.lld_nonpos_steps)
@@ -180,6 +188,12 @@ def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     lp = [_mean(_vals(ch, "logp_pos_mean")) for ch in chunks]
     rw = [_mean(_vals(ch, "reward_mean")) for ch in chunks]
     if any(math.isnan(x) for x in lp + rw):
+        return None
+    # across steps the correct responses are different ones (an agent that learns to search answers
+    # with other text): where the update's own effect on them was measured and was a rise, a fall
+    # across steps is a change of which responses are correct, not a displacement
+    own = _vals(h[-n:], "logp_pos_delta")
+    if own and _mean(own) > 0:
         return None
     if all(b < a for a, b in zip(lp, lp[1:])) and lp[0] - lp[-1] >= c.lld_fall_min and rw[-1] > rw[0] + c.reward_rise:
         return Finding(f"log-likelihood per token of correct responses fell for {c.lld_windows} windows of "
@@ -312,20 +326,15 @@ def tool_use_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 def tool_loop(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """Multi-turn runs: the agent calls tools instead of answering: most trajectories end at
-    agent.max_turns (window mean of max_turns_frac), or tool output floods the completions
-    (window mean of obs_token_frac, observation tokens over completion tokens). Silent when the
-    agent metrics are absent."""
+    agent.max_turns (window mean of max_turns_frac). Not the share of tool output in the
+    completions: a search agent that reads two passages per call is 85-92% observation tokens
+    when healthy. Silent when the agent metrics are absent."""
     pin = _window_mean(h, "max_turns_frac", c.window)
     if pin is not None and pin > c.max_turns_pin:
         return Finding(f"{pin:.0%} of trajectories used all agent.max_turns (mean of the last {c.window} steps): "
                        "the agent does not finish",
                        "read samples.jsonl: check the answer format the task expects and the stop condition; "
                        "raise agent.max_turns if the task needs more turns")
-    obs = _window_mean(h, "obs_token_frac", c.window)
-    if obs is not None and obs > c.obs_flood_frac:
-        return Finding(f"tool output is {obs:.0%} of the completion tokens (mean of the last {c.window} steps): the "
-                       "agent calls tools instead of answering",
-                       "lower agent.max_obs_tokens or agent.max_turns; read samples.jsonl for repeated calls")
     return None
 
 
