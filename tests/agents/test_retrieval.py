@@ -45,7 +45,11 @@ def test_dense_retriever_on_a_local_encoder(tmp_path):
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                          intermediate_size=128)).save_pretrained(tmp_path / "enc")
-    encoder = st.SentenceTransformer(modules=[st.models.Transformer(str(tmp_path / "enc")), st.models.Pooling(64, "mean")])
+    try:  # sentence-transformers >= 6 (its `models` module is deprecated there)
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:  # 3-5
+        from sentence_transformers.models import Pooling, Transformer
+    encoder = st.SentenceTransformer(modules=[Transformer(str(tmp_path / "enc")), Pooling(64, "mean")])
     encoder.save(str(tmp_path / "st"))
 
     from tinyrl.agents.retrieval import DenseRetriever
