@@ -568,6 +568,22 @@ def test_report_verdicts(tmp_path):
     assert not (tmp_path / "empty" / "metrics.png").exists()
 
 
+def test_report_judges_progress_on_held_out_accuracy_when_it_was_measured(tmp_path):
+    """A sparse reward (the search agent's EM) can stay flat while greedy held-out accuracy climbs;
+    a reward can rise on what does not transfer. Where before/after were measured, they decide."""
+    from tinyrl.report import write_report
+
+    flat = [dict(r, reward_mean=0.1) for r in healthy()]
+    write_run(tmp_path / "agent", flat, [], {"eval_before": 0.01, "eval_after": 0.13})
+    assert write_report(tmp_path / "agent").splitlines()[-1].startswith(
+        "verdict: HEALTHY - reward stayed flat (0.100 -> 0.100), held-out accuracy rose (1.0% -> 13.0%)")
+    write_run(tmp_path / "overfit", healthy(), [], {"eval_before": 0.40, "eval_after": 0.41})
+    last = write_report(tmp_path / "overfit").splitlines()[-1]
+    assert last.startswith("verdict: NO PROGRESS - reward rose") and "held-out accuracy stayed flat" in last
+    write_run(tmp_path / "no_eval", flat, [], {"eval_before": None, "eval_after": None})
+    assert write_report(tmp_path / "no_eval").splitlines()[-1].startswith("verdict: NO PROGRESS - reward stayed flat")
+
+
 def test_report_keeps_warnings_out_of_the_verdict(tmp_path):
     from tinyrl.report import write_report
 

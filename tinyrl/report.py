@@ -70,8 +70,16 @@ def _trend(rows: list[dict], k: int = 5) -> tuple[float, float] | None:
     return sum(r[:k]) / k, sum(r[-k:]) / k
 
 
+def _move(start: float, end: float, tol: float = 0.02) -> str:
+    return "rose" if end > start + tol else "fell" if end < start - tol else "stayed flat"
+
+
 def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -> str:
-    """One line: stopped / failed / healthy / needs a look, with the reward trend."""
+    """One line: stopped / failed / healthy / needs a look, with the reward trend.
+
+    Progress is judged on held-out accuracy where the run measured it before and after (the
+    number a run is for: a sparse reward can stay flat while the greedy policy improves, and a
+    reward can rise on what does not transfer), else on the training reward's trend."""
     if not rows:
         return "verdict: NO DATA - metrics.jsonl has no steps yet"
     fatal = [a for a in alarms if a.get("fatal")]
@@ -81,15 +89,17 @@ def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -
     if summary and summary.get("error"):
         return f"verdict: FAILED at step {summary.get('steps')} - {summary['error']}"
     start, end = _trend(rows) or (float("nan"), float("nan"))
-    move = "rose" if end > start + 0.02 else "fell" if end < start - 0.02 else "stayed flat"
-    trend = f"reward {move} ({start:.3f} -> {end:.3f})"
+    progress = _move(start, end)
+    trend = f"reward {progress} ({start:.3f} -> {end:.3f})"
     if summary and summary.get("eval_before") is not None and summary.get("eval_after") is not None:
-        trend += f", held-out accuracy {summary['eval_before']:.1%} -> {summary['eval_after']:.1%}"
+        before, after = summary["eval_before"], summary["eval_after"]
+        progress = _move(before, after)
+        trend += f", held-out accuracy {progress} ({before:.1%} -> {after:.1%})"
     real = [a for a in alarms if a.get("severity", "alarm") == "alarm"]  # warnings are notices, not failures
     notes = sorted({a["name"] for a in alarms if a not in real})
     noted = f"; warnings: {', '.join(notes)}" if notes else ""
     if not real:
-        state = "HEALTHY" if move == "rose" else "NO PROGRESS"
+        state = "HEALTHY" if progress == "rose" else "NO PROGRESS"
         return f"verdict: {state} - {trend}; no alarms{noted}"
     names = sorted({a["name"] for a in real})
     return f"verdict: NEEDS A LOOK - {trend}; {len(real)} alarm(s): {', '.join(names)}{noted}"
