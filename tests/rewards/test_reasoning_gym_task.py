@@ -62,3 +62,17 @@ def test_other_dataset_and_unknown_name(task):
     assert task.is_correct(f"<answer>{row['answer']}</answer>", row)
     with pytest.raises(ValueError, match="unknown dataset"):
         task.build(1, 1, dataset="no_such_dataset")
+
+
+def test_flexible_extract_reads_an_untagged_final_answer_and_tags_mode_does_not(task):
+    _, held = task.build(4, 4, seed=1, dataset="basic_arithmetic", extract="flexible", min_terms=2, max_terms=2,
+                         max_digits=1, operators=["+"])
+    r = held[0]
+    wrong = str(int(r["answer"]) + 1)
+    assert task.is_correct(f"I add them: {r['answer']}", r)  # the last number
+    assert task.is_correct(f"<answer>{r['answer']}</answer> not {wrong}", r)  # a tag still wins
+    assert not task.is_correct(f"{r['answer']}, no wait, {wrong}", r)
+    assert not task.is_correct(r["question"], r)  # a copied question is not an answer
+    assert not task.is_correct(f"I add them: {r['answer']}", {**r, "rg_extract": "tags"})
+    with pytest.raises(ValueError, match="extract must be one of"):
+        task.build(4, 4, extract="loose")

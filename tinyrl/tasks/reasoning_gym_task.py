@@ -12,6 +12,13 @@ answer block (none, or several, is wrong) and counts `score_answer(...) >= 1.0` 
 The task's reward is that 1.0 / 0.0; `score_reward` gives reasoning-gym's partial credit
 instead (reward spec `tinyrl.tasks.reasoning_gym_task:score_reward`).
 
+Task arg `extract` says how the answer is read (the two modes of lm-evaluation-harness):
+`"tags"` (default, reasoning-gym's own rule: the one `<answer>` block) or `"flexible"`: the
+one `<answer>` block if there is one, else the final answer as `tinyrl.rewards.math` reads it
+leniently (`\boxed{}`, "the answer is ...", else the last number), after cutting any text
+copied from the question. Small instruct models answer "8 + 2 = 10" and seldom write the tags;
+"flexible" grades what they compute, "tags" also grades the format.
+
 Needs `pip install 'tinyrl[gym]'`.
 """
 
@@ -25,6 +32,7 @@ from tinyrl.tasks import Task, register_task
 
 PROMPT = "{question}\n\nGive your final answer inside <answer></answer> tags."
 EVAL_SEED_OFFSET = 1_000_003  # held-out rows come from seed + this
+EXTRACT_MODES = ("tags", "flexible")
 
 
 def _rg():
@@ -45,7 +53,7 @@ def _entry(name: str, config: str, seed: int, size: int, index: int) -> dict:
     return _dataset(name, config, seed, size)[index]
 
 
-def _rows(name: str, config: str, seed: int, size: int, count: int, skip: set[str]) -> list[dict]:
+def _rows(name: str, config: str, seed: int, size: int, count: int, skip: set[str], extract: str) -> list[dict]:
     ds = _dataset(name, config, seed, size)
     rows = []
     for index in range(size):
@@ -57,23 +65,25 @@ def _rows(name: str, config: str, seed: int, size: int, count: int, skip: set[st
         skip.add(entry["question"])  # no duplicates within a split either
         rows.append({"prompt": PROMPT.format(question=entry["question"]), "answer": str(entry["answer"]),
                      "question": entry["question"], "rg_dataset": name, "rg_config": config,
-                     "rg_seed": seed, "rg_size": size, "rg_index": index})
+                     "rg_seed": seed, "rg_size": size, "rg_index": index, "rg_extract": extract})
     if len(rows) < count:
         raise ValueError(f"reasoning_gym: {name!r} gave only {len(rows)} distinct problems of {count} asked; "
                          f"ask for fewer rows or widen the dataset's settings")
     return rows
 
 
-def build(num_train: int, num_eval: int, seed: int = 0, dataset: str = "basic_arithmetic",
+def build(num_train: int, num_eval: int, seed: int = 0, dataset: str = "basic_arithmetic", extract: str = "tags",
           **dataset_kwargs) -> tuple[list[dict], list[dict]]:
     """(train_rows, eval_rows) of reasoning-gym `dataset`; disjoint questions, deterministic for a seed."""
+    if extract not in EXTRACT_MODES:
+        raise ValueError(f"reasoning_gym: extract must be one of {list(EXTRACT_MODES)}, got {extract!r}")
     rg = _rg()
     if dataset not in rg.factory.DATASETS:
         raise ValueError(f"reasoning_gym: unknown dataset {dataset!r}; e.g. {sorted(rg.factory.DATASETS)[:12]} ...")
     config = json.dumps(dataset_kwargs, sort_keys=True)
     seen: set[str] = set()
-    train = _rows(dataset, config, seed, 2 * num_train + 16, num_train, seen)
-    held = _rows(dataset, config, seed + EVAL_SEED_OFFSET, 4 * num_eval + 16, num_eval, seen)
+    train = _rows(dataset, config, seed, 2 * num_train + 16, num_train, seen, extract)
+    held = _rows(dataset, config, seed + EVAL_SEED_OFFSET, 4 * num_eval + 16, num_eval, seen, extract)
     return train, held
 
 
@@ -89,9 +99,19 @@ def extract_answer(completion: str) -> str | None:
     return found[0].strip() if len(found) == 1 else None
 
 
+def read_answer(completion: str, row: dict) -> str | None:
+    """The completion's answer under the row's `extract` mode (see the module docstring)."""
+    answer = extract_answer(completion)
+    if answer is None and row.get("rg_extract", "tags") == "flexible":
+        from tinyrl.rewards.math import extract_answer as final_answer  # noqa: PLC0415 (its imports are light)
+
+        answer = final_answer(completion, mode="lenient", prompt=row.get("question"))
+    return answer
+
+
 def score(completion: str, row: dict) -> float:
     """reasoning-gym's own score (0..1) of the completion's answer for this row."""
-    answer = extract_answer(completion)
+    answer = read_answer(completion, row)
     if answer is None:
         return 0.0
     entry = _entry(row["rg_dataset"], row["rg_config"], int(row["rg_seed"]), int(row["rg_size"]), int(row["rg_index"]))
@@ -100,7 +120,7 @@ def score(completion: str, row: dict) -> float:
 
 
 def is_correct(completion: str, row: dict) -> bool:
-    """Correct when reasoning-gym scores the one `<answer>` at 1.0 (full credit)."""
+    """Correct when reasoning-gym scores the completion's answer at 1.0 (full credit)."""
     return score(completion, row) >= 1.0
 
 
@@ -113,7 +133,8 @@ def score_reward(prompts: list, completions: list, **columns) -> list[float]:
 register_task(Task(
     name="reasoning_gym",
     description="a reasoning-gym dataset (`dataset`, default basic_arithmetic, plus its settings), "
-                "answer in <answer></answer>, graded by the dataset's own score_answer",
+                "answer in <answer></answer> (extract: flexible also reads an untagged final answer), "
+                "graded by the dataset's own score_answer",
     build=build,
     is_correct=is_correct,
 ))
