@@ -89,8 +89,9 @@ def verdict(rows: list[dict], alarms: list[dict], summary: dict | None = None) -
     if summary and summary.get("error"):
         return f"verdict: FAILED at step {summary.get('steps')} - {summary['error']}"
     start, end = _trend(rows) or (float("nan"), float("nan"))
-    progress = _move(start, end)
-    trend = f"reward {progress} ({start:.3f} -> {end:.3f})"
+    move = _move(start, end)
+    trend = f"reward {move} ({start:.3f} -> {end:.3f})"
+    progress = move
     if summary and summary.get("eval_before") is not None and summary.get("eval_after") is not None:
         before, after = summary["eval_before"], summary["eval_after"]
         progress = _move(before, after)

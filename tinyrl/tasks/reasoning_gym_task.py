@@ -28,6 +28,7 @@ import functools
 import json
 
 from tinyrl.rewards.guards import answer_blocks
+from tinyrl.rewards.math import extract_answer as final_answer
 from tinyrl.tasks import Task, register_task
 
 PROMPT = "{question}\n\nGive your final answer inside <answer></answer> tags."
@@ -103,8 +104,6 @@ def read_answer(completion: str, row: dict) -> str | None:
     """The completion's answer under the row's `extract` mode (see the module docstring)."""
     answer = extract_answer(completion)
     if answer is None and row.get("rg_extract", "tags") == "flexible":
-        from tinyrl.rewards.math import extract_answer as final_answer  # noqa: PLC0415 (its imports are light)
-
         answer = final_answer(completion, mode="lenient", prompt=row.get("question"))
     return answer
 
