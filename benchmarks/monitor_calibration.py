@@ -5,8 +5,8 @@
     python benchmarks/monitor_calibration.py --replay DIR     # no training: re-run the monitor
 
 The default --cases are the tiny-arith presets (a 100-step healthy run is ~2 min on a free core,
-~13 min on a loaded 2-core box); the healthy SmolLM2 preset (about a minute per step on 2 cores,
-20 steps) runs when named: --cases smollm2-135m_grpo_cpu.
+~13 min on a loaded 2-core box); the SmolLM2 preset (~20 s per step on 2 cores, 40 steps; its
+entropy_collapse alarm fires near step 30 while it learns) runs when named: --cases smollm2-135m_grpo_cpu.
 
 Runs every case (a shipped preset and a seed; one child process each, one torch thread) into
 DIR (default runs/monitor-calibration; a case whose run folder already finished is not run
