@@ -275,8 +275,10 @@ def test_no_alarm_over_the_metric_traces_of_real_healthy_runs(preset, steps):
     update KL reaches 0.08 per token and 6.3x its rolling median on tiny_grpo_cpu seed 0 (the
     ceiling is 0.2, the spike test 10x and 0.1), and on 3-step means up to 47% of the positive
     responses lose likelihood (but their mean rises: the lazy-likelihood test needs both). The
-    search agent learns from a sparse reward: up to 80% of its groups are all-zero (window mean),
-    its reward spread halves by chance, tool output is 85-92% of its completions."""
+    search agent (the shipped model as of 2026-12-04) goes from a reward of ~0.15 to ~0.46 while
+    its token entropy falls from ~0.9 to 0.29-0.36 nats (the closest any healthy trace comes to
+    entropy_collapse: a single step under both limits), and tool output is 62-92% of its
+    completions."""
     paths = sorted(TRACES.glob(f"{preset}-s*.jsonl"))
     assert len(paths) == 6
     for path in paths:

@@ -100,6 +100,40 @@ def test_pretraining_text_has_no_held_out_person():
     assert "<information>" in text and not [n for n in held if n in text]
 
 
+def test_redrawn_invented_people_get_new_facts_and_never_a_held_out_name():
+    """`--redraw` (the default): each redraw of the pretraining-only people brings new names and new
+    facts (nothing to memorise), the train-side people stay as they are, and still no held-out person
+    appears in the episodes."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "pretrain_tiny_search", Path(__file__).resolve().parents[2] / "scripts" / "pretrain_tiny_search.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from tinyrl.tasks import get_task
+
+    world, docs = read_world(WORLD), read_corpus(WORLD / "corpus.jsonl")
+    train_rows, _ = get_task("search_qa").build(10**9, 0, template="plain")
+    args = argparse.Namespace(p_search=1.0, p_good_query=1.0, p_retry=0.5, p_second=0.5, max_searches=3, top_k=[2],
+                              invented=200, seed=0, redraw=True)
+    episodes = mod.Episodes(world, train_rows, docs, args)
+    train, known = {p.name for p in world.people if p.split == "train"}, {p.name for p in world.people}
+    first = {n: p for n, p in episodes.people.items() if n not in known}
+    episodes.redraw()
+    second = {n: p for n, p in episodes.people.items() if n not in known}
+    assert len(first) == len(second) == 200
+    assert 0 < len(set(first) & set(second)) < 100  # new name pairs (the pools are finite: some recur)
+    same = [n for n in set(first) & set(second) if (first[n].born, first[n].job) == (second[n].born, second[n].job)]
+    assert len(same) <= 2  # a name drawn twice gets new facts
+    assert {n: episodes.people[n] for n in train} == {n: p for n, p in world.by_name().items() if n in train}
+    rng = random.Random(0)
+    text = "\n".join(t for _ in range(300) for _, t in episodes.sample(rng))
+    held = [p.name for p in world.people if p.split == "test"]
+    assert any(n in text for n in second) and not [n for n in held if n in text]
+
+
 def test_tiny_search_tokenizer_encodes_every_observation():
     from transformers import AutoTokenizer
 
