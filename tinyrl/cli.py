@@ -111,7 +111,7 @@ def cmd_train(ns) -> int:
 
 
 def cmd_sft(ns) -> int:
-    """`tinyrl sft PRESET [data=FILE]`: `tinyrl train` with stages=[sft]; a bare data=... is sft.data."""
+    """`tinyrl sft PRESET [data=FILE|RUN_DIR|demonstrations]`: `tinyrl train` with stages=[sft]; a bare data=... is sft.data."""
     ns.args = [f"sft.{a}" if a.startswith("data=") else a for a in ns.args]
     if ns.resume is None:
         ns.args.append("stages=[sft]")
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(fn=cmd_train)
     f = sub.add_parser("sft", help="LoRA/QLoRA SFT through TRL (prompt/completion rows, a run folder's samples, "
                                    "or the task's answers)")
-    f.add_argument("args", nargs="*", help="[PRESET] [data=FILE|RUN_DIR] [section.field=value ...]")
+    f.add_argument("args", nargs="*", help="[PRESET] [data=FILE|RUN_DIR|demonstrations] [section.field=value ...]")
     f.add_argument("--profile", help="hardware profile defined in the preset")
     f.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
     f.set_defaults(fn=cmd_sft)

@@ -253,10 +253,11 @@ class SFTConfig:
     """The `sft` stage and `tinyrl sft` (tinyrl/sft.py): LoRA/QLoRA SFT through TRL's SFTTrainer.
 
     Rows come from `data`: a jsonl file of prompt/completion rows, a run folder (its
-    samples.jsonl, filtered by `min_reward`), or, when null, the task's own train rows with
-    their `completion_column` (the arithmetic task's true answers)."""
+    samples.jsonl, filtered by `min_reward`), "demonstrations" (an agent task's expert
+    trajectories, replayed through the run's tools), or, when null, the task's own train rows
+    with their `completion_column` (the arithmetic task's true answers)."""
 
-    data: Optional[str] = None  # jsonl file | run folder | null (the task's train rows)
+    data: Optional[str] = None  # jsonl file | run folder | "demonstrations" (an agent task's) | null (the task's train rows)
     prompt_column: str = "prompt"
     completion_column: Optional[str] = None  # null: "completion" (files, run folders) or "answer" (task rows)
     min_reward: Optional[float] = None  # keep rows whose `reward` >= this; required for a run folder
@@ -274,7 +275,7 @@ class SFTConfig:
     save_every: int = 0  # a TRL checkpoint every N optimiser steps; 0 = none (an interrupt still saves one)
 
     def validate(self, p: str) -> None:
-        if self.data is not None:
+        if self.data is not None and self.data != "demonstrations":  # tinyrl.agents.demonstrations.DEMONSTRATIONS
             path = Path(self.data)
             _check(path.exists(), f"{p}.data", f"not found: {self.data} (a jsonl file of prompt/completion rows or a run folder)")
             if path.is_dir():

@@ -148,10 +148,27 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
         raise ModelLoadError(f"model.name: could not load {resolved.path!r}{hint} "
                              f"({type(e).__name__}: {_first_line(e)})") from e
     check_finite_weights(model, resolved.path)
+    if resolved.gguf_file:
+        drop_dequantized_gguf_marker(model)
     model.config.use_cache = False
     if cfg_model.load_in_4bit:
         keep_4bit_weights_trainable(model)
     return model
+
+
+def drop_dequantized_gguf_marker(model) -> None:
+    """Forget the GGUF quantizer of a model whose GGUF weights were de-quantized at load.
+
+    transformers (5.25's legacy GGUF loader, which Llama models take) unpacks every GGUF weight
+    into a plain dense tensor but leaves the GGUF quantizer attached, so `Trainer` (TRL's
+    SFTTrainer in the sft stage) refuses to train it ("quantized with GGUF ... do not support
+    training"). Weights still packed in GGUF blocks (its newer kernel path) are left as they are."""
+    q = getattr(model, "hf_quantizer", None)
+    if q is None or str(getattr(q.quantization_config, "quant_method", "")).lower().split(".")[-1] != "gguf":
+        return
+    if any(type(m).__name__.lower().startswith("gguf") for m in model.modules()):
+        return
+    q.remove_quantization_config(model)
 
 
 def check_finite_weights(model, where: str, chunk: int = 1 << 24) -> None:

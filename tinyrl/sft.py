@@ -3,21 +3,24 @@
     tinyrl sft tiny_sft_cpu                      # the task's true answers for its train prompts
     tinyrl sft tiny_sft_cpu data=rows.jsonl      # prompt/completion rows
     tinyrl sft tiny_sft_cpu data=runs/some-run sft.min_reward=1.0   # a run folder's correct samples
+    sft: {data: demonstrations}   # an agent task's expert trajectories (tinyrl.agents.demonstrations)
 
 Rows come from `sft.data` (see `load_rows`): a jsonl file of prompt/completion rows, a run
-folder's samples.jsonl filtered by reward, or the task's own train rows. The model comes
+folder's samples.jsonl filtered by reward, the task's own train rows, or (agent presets) the
+task's expert demonstrations replayed through the run's tools. The model comes
 from `tinyrl.model.load_policy` (built-in offline names, 4-bit nf4, LoRA; `model.adapter`
 continues a trained adapter) and TRL trains it: its optimiser, schedule, checkpoints and
 resume (`resume_from_checkpoint`), with `completion_only_loss` building labels that are
 -100 on every prompt token.
 
 Rows are tokenized here, the way the rollout engine sees them: the prompt rendered as at
-rollout (`tinyrl.data.render_prompt`) and encoded alone without special tokens, the
-completion encoded alone and closed with EOS. So no token merges across the prompt /
-completion boundary and the GRPO stage that follows samples from exactly the context SFT
-trained on. TRL gets `input_ids` + `completion_mask` (its processed-dataset path); a
-completion whose spans should not be learned (tool observations in an agent trajectory)
-zeroes them in `completion_mask`.
+rollout (`tinyrl.rollout.prompt_renderer`: the chat template, plus an agent format's
+instructions and tools) and encoded alone without special tokens, the completion encoded
+alone and closed with EOS. So no token merges across the prompt / completion boundary and the
+GRPO stage that follows samples from exactly the context SFT trained on. TRL gets
+`input_ids` + `completion_mask` (its processed-dataset path); a demonstration's tool
+observations are 0 in `completion_mask`, as they are in the GRPO loss mask: the model learns
+its own turns, never the tool's text.
 
 The run folder is tinyrl's: config.yaml, metrics.jsonl (a row per logging step, `step` =
 optimiser step), checkpoints/checkpoint-N (TRL's own), adapter/, summary.json (eval_before /
@@ -36,6 +39,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinyrl.agents.demonstrations import DEMONSTRATIONS
 from tinyrl.errors import ConfigError
 from tinyrl.runs import RunDir, atomic_write_text, read_jsonl, truncate_jsonl
 
@@ -62,9 +66,13 @@ def load_rows(cfg) -> list[dict]:
       `reward` below `min_reward` (when set) are dropped;
     - a run folder: its samples.jsonl rows whose `reward` >= `min_reward` (their prompts are
       already rendered as the run's engine saw them);
-    - null: the task's train rows (`data.*`), completion from `completion_column` ("answer").
+    - null: the task's train rows (`data.*`), completion from `completion_column` ("answer");
+    - "demonstrations": the task's expert steps for its train rows (`Task.demonstrate`), each row
+      {"prompt", "steps", "row"}: `tokenize` replays them through the agent's tools.
     """
     s = cfg.sft
+    if s.data == DEMONSTRATIONS:
+        return cap_per_prompt(demonstration_rows(cfg), s.max_per_prompt)
     if s.data is None:
         from tinyrl.data import load_rows as task_rows
 
@@ -81,6 +89,25 @@ def load_rows(cfg) -> list[dict]:
     else:
         rows = _file_rows(Path(s.data), s.prompt_column, s.completion_column or "completion")
     return cap_per_prompt(filter_reward(rows, s.min_reward), s.max_per_prompt)
+
+
+def demonstration_rows(cfg) -> list[dict]:
+    """The task's expert steps for each train row it can demonstrate (ConfigError when it has none)."""
+    from tinyrl.data import load_rows as task_rows
+
+    agent = getattr(cfg, "agent", None)
+    if agent is None or not agent.enabled:
+        raise ConfigError("sft.data: demonstrations are agent trajectories; they need agent.enabled: true "
+                          "(and an agent task, e.g. data.task: search_qa)")
+    train, _, task = task_rows(cfg.data)
+    if task is None or task.demonstrate is None:
+        raise ConfigError(f"sft.data: the {cfg.data.task!r} task has no expert demonstrations "
+                          f"(tasks that have them: search_qa); give a jsonl file or a run folder instead")
+    rows = [{"prompt": r["prompt"], "steps": steps, "row": r} for r in train if (steps := task.demonstrate(r))]
+    if not rows:
+        raise ConfigError(f"sft.data: the {cfg.data.task!r} task could demonstrate none of its {len(train)} train rows "
+                          f"(its demonstrations know the shipped world's questions only)")
+    return rows
 
 
 def _file_rows(path: Path, prompt_col: str, completion_col: str) -> list[dict]:
@@ -129,23 +156,61 @@ def cap_per_prompt(rows: list[dict], cap: int | None) -> list[dict]:
     return out
 
 
-def tokenize(rows: list[dict], tokenizer, cfg_data):
-    """A `datasets.Dataset` of `input_ids` + `completion_mask` (1 on completion tokens and EOS)."""
+def tokenize(rows: list[dict], tokenizer, cfg_data, agent=None, budget: int | None = None):
+    """A `datasets.Dataset` of `input_ids` + `completion_mask` (1 on completion tokens and EOS).
+
+    `agent` (an `AgentEngine`; `agent_for` builds the run's) renders prompts with its format's
+    instructions and replays demonstration rows (`steps`) through its tools: their observation
+    tokens get 0. A demonstration longer than `budget` (rollout.max_new_tokens) is dropped, with
+    a warning: no rollout could produce it."""
     from datasets import Dataset
 
     from tinyrl.data import render_prompt
 
+    render = (lambda text: agent.render(text, cfg_data)) if agent is not None else (
+        lambda text: render_prompt(tokenizer, text, cfg_data))
     eos = tokenizer.eos_token_id
     out = {"input_ids": [], "completion_mask": []}
+    too_long = 0
     for r in rows:
-        rendered = r["rendered"] if "rendered" in r else render_prompt(tokenizer, r["prompt"], cfg_data)
+        rendered = r["rendered"] if "rendered" in r else render(r["prompt"])
         p = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-        c = tokenizer(r["completion"], add_special_tokens=False)["input_ids"]
-        if not c or c[-1] != eos:
-            c = c + [eos]  # the completion ends where the engine stops: EOS
+        if "steps" in r:
+            if agent is None:
+                raise ConfigError("sft.data: demonstrations are agent trajectories; they need agent.enabled: true")
+            replayed = agent.replay(p, r["row"], r["steps"], budget or 1 << 30)
+            if replayed is None:
+                too_long += 1
+                continue
+            c, obs = replayed
+            mask = [1 - o for o in obs]
+        else:
+            c = tokenizer(r["completion"], add_special_tokens=False)["input_ids"]
+            if not c or c[-1] != eos:
+                c = c + [eos]  # the completion ends where the engine stops: EOS
+            mask = [1] * len(c)
         out["input_ids"].append(p + c)
-        out["completion_mask"].append([0] * len(p) + [1] * len(c))
+        out["completion_mask"].append([0] * len(p) + mask)
+    if too_long:
+        log.warning("sft: %d of %d demonstrations are longer than rollout.max_new_tokens=%s and were dropped",
+                    too_long, len(rows), budget)
+    if not out["input_ids"]:
+        raise ConfigError(f"sft.data: every demonstration is longer than rollout.max_new_tokens={budget}; raise it")
     return Dataset.from_dict(out)
+
+
+def agent_for(cfg, tokenizer, task=None):
+    """The run's `AgentEngine` for rendering and replay (no sampling engine under it), or None
+    when the preset has no agent."""
+    agent = getattr(cfg, "agent", None)
+    if agent is None or not agent.enabled:
+        return None
+    from tinyrl.data import load_rows as task_rows
+    from tinyrl.rollout.agent import AgentEngine
+
+    if task is None:
+        task = task_rows(cfg.data)[2]
+    return AgentEngine.from_config(None, tokenizer, agent, task)
 
 
 # --------------------------------------------------------------------------- TRL
@@ -342,7 +407,8 @@ def fit(cfg, model, tokenizer, rows: list[dict], folder: Path) -> FitResult:
     truncate_jsonl(folder / "metrics.jsonl", _ckpt_step(resume))  # drop rows past the checkpoint
     metrics = MetricsCallback(folder / "metrics.jsonl")
     with StopOnSignal() as stop:
-        trainer = make_trainer(cfg, model, tokenizer, tokenize(rows, tokenizer, cfg.data), ckpt_dir, [metrics, stop])
+        dataset = tokenize(rows, tokenizer, cfg.data, agent_for(cfg, tokenizer), cfg.rollout.max_new_tokens)
+        trainer = make_trainer(cfg, model, tokenizer, dataset, ckpt_dir, [metrics, stop])
         if resume is not None:
             log.info("sft: resuming from %s", resume)
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
@@ -369,8 +435,9 @@ class HeldOut:
 
         self.cfg = cfg
         _, self.rows, self.task = task_rows(cfg.data)
+        agent = agent_for(cfg, tokenizer, self.task)  # an agent preset's prompts carry its format's instructions
         for r in self.rows:
-            r["rendered"] = render_prompt(tokenizer, r["prompt"], cfg.data)
+            r["rendered"] = agent.render(r["prompt"], cfg.data) if agent else render_prompt(tokenizer, r["prompt"], cfg.data)
         stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
         r = cfg.rollout
         self.params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens, stop)
@@ -381,7 +448,8 @@ class HeldOut:
 
         if not (self.cfg.train.eval_before_after and self.task and self.rows):
             return None
-        engine = make_engine(self.cfg.rollout.engine, model, tokenizer, self.cfg, seed=self.cfg.train.seed)
+        engine = make_engine(self.cfg.rollout.engine, model, tokenizer, self.cfg, seed=self.cfg.train.seed,
+                             task=self.task)  # multi-turn with the task's tools when the preset has an agent
         try:
             return accuracy(engine, self.rows, self.task, self.params)
         finally:

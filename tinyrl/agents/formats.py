@@ -53,6 +53,15 @@ class CallFormat(Protocol):
 
     def instructions(self, toolbox, tokenizer=None) -> str | None: ...
 
+    def call_text(self, name: str, arguments: dict) -> str: ...  # how the model writes a call (demonstrations)
+
+    def answer_text(self, answer: str) -> str: ...  # how it writes the final answer
+
+
+def answer_tags(answer: str) -> str:
+    """The final answer as both formats write it: `<answer> ... </answer>`."""
+    return f"<answer> {answer} </answer>"
+
 
 def _first_marker(text: str, markers: list[str]) -> tuple[int, str | None]:
     """(position, marker) of the earliest marker in text; (len(text), None) when none occurs."""
@@ -107,6 +116,17 @@ class SearchR1Format:
     def instructions(self, toolbox, tokenizer=None) -> str | None:
         """Search-R1 puts its instruction in the user turn (the task's `search_r1` template does)."""
         return None
+
+    def call_text(self, name: str, arguments: dict) -> str:
+        """`<name> value </name>` (the tools this format calls take one argument).
+
+        >>> SearchR1Format().call_text("search", {"query": "Brenna Tillen"})
+        '<search> Brenna Tillen </search>'
+        """
+        (value,) = arguments.values()
+        return f"<{name}> {value} </{name}>"
+
+    answer_text = staticmethod(answer_tags)
 
 
 class HermesFormat:
@@ -180,6 +200,18 @@ class HermesFormat:
                 f"{tools}\n</tools>\n\nFor each function call, return a json object with function name and arguments "
                 f"within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
                 f"<args-json-object>}}\n</tool_call>")  # Qwen2.5's tools block, as its chat template writes it
+
+    def call_text(self, name: str, arguments: dict) -> str:
+        """The `<tool_call>` JSON block Qwen2.5's chat template writes for a call.
+
+        >>> print(HermesFormat().call_text("search", {"query": "Kelmora"}))
+        <tool_call>
+        {"name": "search", "arguments": {"query": "Kelmora"}}
+        </tool_call>
+        """
+        return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{self.CLOSE}"
+
+    answer_text = staticmethod(answer_tags)
 
     # -- the chat template's tool turn
 

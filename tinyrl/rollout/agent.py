@@ -125,6 +125,26 @@ class AgentEngine:
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state)
 
+    def replay(self, prompt_ids: list[int], row: dict, steps: list, budget: int) -> tuple[list[int], list[int]] | None:
+        """An expert episode (`tinyrl.agents.demonstrations`) through this engine's tools and turn logic:
+        (completion ids, observation mask: 1 on observation tokens), or None when it does not fit in
+        `budget` tokens (a rollout could never produce it). Each step is tokenised alone, as a sampled
+        turn would stand; the tool really runs; the answer step ends with EOS."""
+        from tinyrl.agents.demonstrations import Call, step_text
+
+        t = self._start(prompt_ids, row)
+        eos = self.tokenizer.eos_token_id
+        for step in steps:
+            text = step_text(self.fmt, step)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            t.add(ids if isinstance(step, Call) or eos is None else ids + [eos], None, observation=False)
+            t.turns += 1
+            entry = {"role": "assistant", "text": text}
+            if isinstance(step, Call):
+                calls, results = self._call_tools(t, text)
+                self._observe(t, entry, calls, results, budget)
+        return None if len(t.ids) > budget else (t.ids, t.obs)
+
     # ------------------------------------------------------------------ turns
 
     def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:

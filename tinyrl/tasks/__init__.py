@@ -20,6 +20,7 @@ class Task:
     is_correct: Callable[[str, dict], bool]  # (completion, row) -> correct?
     stop: list[str] = field(default_factory=list)  # stop strings the task's answers end with
     scores: Callable[[str, dict], dict[str, float]] | None = None  # extra per-sample scores for evaluation (em, f1)
+    demonstrate: Callable[[dict], list | None] | None = None  # row -> expert agent steps (tinyrl.agents.demonstrations)
 
     def reward(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float | None]:
         """1.0 for a correct completion, 0.0 otherwise (TRL reward signature)."""

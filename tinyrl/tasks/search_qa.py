@@ -19,6 +19,7 @@ held-out rows only (GAIA is for evaluation, never training).
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from importlib import resources
@@ -82,12 +83,42 @@ def qa_scores(completion: str, row: dict) -> dict[str, float]:
     return {"em": float(em_check(answer, row["golden_answers"])), "f1": f1_score(answer, row["golden_answers"])}
 
 
+@functools.cache
+def _world_people() -> dict:
+    from tinyrl.agents.world import read_world
+
+    return read_world(world_dir()).by_name()
+
+
+def demonstrate(row: dict) -> list | None:
+    """The expert's steps for a question of the shipped world: search the person, for a 2-hop
+    question search their teacher too, then answer. None for a row the world cannot vouch for
+    (not its question, or a golden answer the world's table does not give).
+
+    >>> [type(s).__name__ for s in demonstrate({"question": "q", "golden_answers": ["x"]}) or []]
+    []
+    """
+    from tinyrl.agents.demonstrations import Answer, Call
+    from tinyrl.agents.world import QUESTIONS, answer
+
+    meta = row.get("metadata") or {}
+    people = _world_people()
+    person = people.get(meta.get("entity"))
+    if person is None or meta.get("type") not in QUESTIONS or answer(people, person, meta["type"]) not in row["golden_answers"]:
+        return None
+    steps = [Call("search", {"query": person.name})]
+    if meta.get("hops") == 2:
+        steps.append(Call("search", {"query": person.teacher}))
+    return steps + [Answer(row["golden_answers"][0])]
+
+
 register_task(SearchTask(
     name="search_qa",
     description="multi-hop questions answered by searching a corpus (default: the shipped offline world); EM",
     build=build,
     is_correct=is_correct,
     scores=qa_scores,
+    demonstrate=demonstrate,
     corpus=str(world_dir() / "corpus.jsonl"),
 ))
 
