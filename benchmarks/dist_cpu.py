@@ -1,8 +1,8 @@
 """1 vs N processes on a CPU (gloo): step time per phase of the same run, the same global batch.
 
-    python benchmarks/dist_cpu.py [--nproc 1 2] [--steps 6] [key=value ...]
+    python benchmarks/dist_cpu.py [--preset NAME] [--nproc 1 2] [--steps 6] [key=value ...]
 
-Each case is `tinyrl train tiny_grpo_cpu` in fresh processes (N > 1: `--nproc N`, re-launched
+Each case is `tinyrl train PRESET` (default: the embedded tiny_grpo_cpu) in fresh processes (N > 1: `--nproc N`, re-launched
 through accelerate); the figures come from each run's metrics.jsonl (rank 0's clocks): median
 step time, its rollout part (generate + reward + dynamic-sampling rounds: `gen_time`) and the rest
 (reference, advantages, update, re-score, sync, and the cross-process exchanges). The first step
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 
-def run_case(nproc: int, steps: int, extra: list[str], root: Path) -> dict:
+def run_case(nproc: int, steps: int, extra: list[str], root: Path, preset: str | None = None) -> dict:
     name = f"n{nproc}"
-    cmd = [sys.executable, "-m", "tinyrl", "train", f"train.steps={steps}", "train.eval_before_after=false",
+    cmd = [sys.executable, "-m", "tinyrl", "train", *([preset] if preset else []), f"train.steps={steps}", "train.eval_before_after=false",
            "log.progress=false", f"log.run_dir={root}", f"log.name={name}", *extra]
     if nproc > 1:
         cmd += ["--nproc", str(nproc)]
@@ -45,10 +45,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--preset", help="a shipped preset (default: the embedded tiny_grpo_cpu)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        results = [run_case(n, a.steps, a.overrides, Path(d)) for n in a.nproc]
+        results = [run_case(n, a.steps, a.overrides, Path(d), a.preset) for n in a.nproc]
     print(f"{'processes':>9} {'step s':>8} {'rollout s':>10} {'rest s':>8} {'wall s':>8}")
     for r in results:
         print(f"{r['processes_seen']:>9} {r['step_s']:8.3f} {r['rollout_s']:10.3f} {r['rest_s']:8.3f} {r['wall_s']:8.1f}")
