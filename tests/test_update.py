@@ -1,5 +1,5 @@
 """The update does less work with the same gradient: zero-advantage rows get no forward/backward,
-micro-batches are length-bucketed and cut to their own widths. Checked against the plainest
+micro-batches are length-bucketed and cut to their own widths, the rows of one prompt read it once. Checked against the plainest
 update there is: one forward of the whole padded batch through the model's own lm_head (full
 logits), policy_loss, backward."""
 
@@ -10,7 +10,8 @@ import torch
 
 from tinyrl.algo.losses import BatchTotals, policy_loss
 from tinyrl.api import build_trainer
-from tinyrl.update import micro_batches, policy_update, rows_to_compute
+from tinyrl.model import trunk_of
+from tinyrl.update import completion_hidden, micro_batches, policy_update, rows_to_compute
 
 
 def reward_half_constant(prompts, completions, **kw):
@@ -108,3 +109,51 @@ def test_micro_batches_are_cut_to_their_own_widths():
     mbs = micro_batches(b, torch.arange(4), 2)
     assert [mb.rows.tolist() for mb in mbs] == [[1, 2], [0, 3]]  # longest first, similar lengths together
     assert [(mb.prompt_start, mb.completion_end) for mb in mbs] == [(0, 4), (2, 1)]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["shared", "checkpointed"])
+def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, checkpointing):
+    """A group's rows share their prompt's KV cache (its graph kept): the hidden states and the
+    gradients of every full row, for a G-th of the prompt tokens. Gradient checkpointing drops a
+    training forward's cache, so there every row runs in full (same result)."""
+    t = trainer(tiny_model_dir, run_root, **{"model.gradient_checkpointing": checkpointing})
+    t.train_step()  # a non-zero adapter: the prompt positions' K/V depend on it
+    batch, _ = t.collect_batch()
+    trunk = trunk_of(t.model)
+    mb = micro_batches(batch, torch.arange(batch.num_rows), batch.num_rows)[0]  # every prompt G times
+    P, t1 = batch.prompt_ids.shape[1] - mb.prompt_start, mb.completion_end
+    mask = batch.completion_mask[:, :t1].float()
+    w = torch.randn(*mask.shape, trunk.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    tokens = []
+    hook = trunk.register_forward_pre_hook(lambda m, a, kw: tokens.append(kw["input_ids"].numel()), with_kwargs=True)
+    t.model.train()
+    t.model.zero_grad()  # the step above leaves its gradients
+    h = completion_hidden(t.model, batch, mb)  # rows in the micro-batch's order
+    (h * w[mb.rows] * mask[mb.rows, :, None]).sum().backward()
+    hook.remove()
+    shared = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+    t.model.zero_grad()
+
+    def full_rows(rows):  # every row in full, `rows` in this order: hidden states, gradients
+        ids = torch.cat([batch.prompt_ids[rows, mb.prompt_start:], batch.completion_ids[rows, :t1]], 1)
+        attn = torch.cat([batch.prompt_mask[rows, mb.prompt_start:], batch.completion_mask[rows, :t1]], 1)
+        full = trunk(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                     use_cache=False).last_hidden_state[:, P - 1: P + t1 - 1]
+        (full * w[rows] * mask[rows, :, None]).sum().backward()
+        grads = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+        t.model.zero_grad()
+        return full, grads
+
+    full, plain = full_rows(mb.rows)
+    _, reordered = full_rows(mb.rows.flip(0))  # fp32's own noise: the same sums in another order
+    m = mask[mb.rows].bool()
+    assert torch.allclose(h[m], full[m], atol=1e-5)
+    assert shared.keys() == plain.keys() and len(plain) > 0
+    for n in plain:
+        noise = (reordered[n] - plain[n]).norm()
+        assert (shared[n] - plain[n]).norm() <= 2 * noise + 1e-6 * plain[n].norm(), n
+    n_rows, n_prompts = batch.num_rows, len({tuple(r) for r in batch.prompt_ids.tolist()})
+    if checkpointing:
+        assert tokens == [n_rows * (P + t1)]
+    else:  # each distinct prompt but its last token once, then each row's last prompt token and completion
+        assert n_prompts < n_rows and tokens == [n_prompts * (P - 1), n_rows * t1]

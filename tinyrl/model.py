@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import logging
 import warnings
 from dataclasses import dataclass
@@ -360,3 +361,31 @@ def trunk_of(model):
     """The decoder stack that returns final hidden states (before the lm_head)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.model
+
+
+def cache_kwarg(trunk) -> str:
+    """The KV-cache argument's name: `cache` in transformers 5.x (`past_key_values` deprecated)."""
+    return "cache" if "cache" in inspect.signature(type(trunk).forward).parameters else "past_key_values"
+
+
+def prefix_cache(trunk, ids, mask, cache=None):
+    """The KV cache of left-padded token rows `ids` [k, L] (mask [k, L]), decoder stack only (no
+    lm_head). Under autograd the cached keys and values keep their graph: rows that later attend
+    to the cache send their gradients back through it (the update's shared prompts). `cache`: the
+    (empty) cache object to fill, default a transformers DynamicCache."""
+    if cache is None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+    if ids.shape[1]:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+        trunk(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(trunk): cache})
+    return cache
+
+
+def caches_under_autograd(trunk) -> bool:
+    """Whether a forward of `trunk` right now keeps a KV cache it is given. transformers drops the
+    cache in a gradient-checkpointed training forward (the backward replay would write it twice)."""
+    import torch
+
+    return not (torch.is_grad_enabled() and trunk.training and getattr(trunk, "gradient_checkpointing", False))

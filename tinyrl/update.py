@@ -15,6 +15,9 @@ Two ways of doing less work that leave the gradient the same (to fp32 rounding):
 - micro-batches are length-bucketed: rows are sorted by length and each micro-batch is cut
   to its own longest prompt and completion, so a batch of mostly short completions does not
   pay for its longest one.
+- the rows of one prompt read it once (`completion_hidden`): a group's G completions attend to
+  one KV cache of their shared prompt, whose graph carries their gradients back, so the prompt
+  costs one forward and backward per micro-batch instead of G.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
-from tinyrl.model import output_projection, reference_context, trunk_of
+from tinyrl.model import caches_under_autograd, cache_kwarg, output_projection, prefix_cache, reference_context, trunk_of
 from tinyrl.rollout.base import Rollouts
 
 
@@ -69,15 +72,36 @@ def micro_batches(batch: Rollouts, rows: torch.Tensor, size: int) -> list[MicroB
 
 
 def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
-    """Final hidden states at the positions that predict each completion token: [n, T_mb, H]."""
+    """Final hidden states at the positions that predict each completion token: [n, T_mb, H].
+
+    Rows with the same prompt (a group's G completions) read it once: each distinct prompt but its
+    last token runs through the decoder stack once into a KV cache, and every row runs only its
+    last prompt token and completion, attending to its prompt's cache. Under autograd the cache
+    keeps its graph, so the prompt positions get the sum of their rows' gradients: the same
+    gradient as a forward of every full row (to fp32 rounding), with a G-th of the prompt work.
+    Where nothing repeats, or transformers would drop the cache (a gradient-checkpointed training
+    forward), every row runs in full."""
     device = next(model.parameters()).device
     r, p0, t1 = mb.rows, mb.prompt_start, mb.completion_end
-    ids = torch.cat([batch.prompt_ids[r, p0:], batch.completion_ids[r, :t1]], 1).to(device)
-    attn = torch.cat([batch.prompt_mask[r, p0:], batch.completion_mask[r, :t1]], 1).to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-    hidden = trunk_of(model)(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    P = ids.shape[1] - t1
-    return hidden[:, P - 1: P + t1 - 1]
+    p_ids, p_mask = batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device)
+    c_ids, c_mask = batch.completion_ids[r, :t1].to(device), batch.completion_mask[r, :t1].to(device)
+    trunk = trunk_of(model)
+    prompts, row_prompt = torch.unique(torch.cat([p_ids, p_mask], 1), dim=0, return_inverse=True)
+    if prompts.shape[0] == r.numel() or p_ids.shape[1] < 2 or not caches_under_autograd(trunk):
+        ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
+        hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        P = p_ids.shape[1]
+        return hidden[:, P - 1: P + t1 - 1]
+    one = torch.empty(prompts.shape[0], dtype=torch.long, device=device)
+    one[row_prompt] = torch.arange(r.numel(), device=device)  # a row of each distinct prompt
+    cache = prefix_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])
+    cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
+    ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
+    attn = torch.cat([p_mask, c_mask[:, :-1]], 1)  # the prompt (cached + last token) and those tokens
+    pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, -t1:]
+    return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                 **{cache_kwarg(trunk): cache}).last_hidden_state
 
 
 @dataclass

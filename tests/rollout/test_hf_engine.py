@@ -135,3 +135,28 @@ def test_select_and_concat_roundtrip(policy):
     assert both.group.tolist() == [0, 0, 1, 1, 2, 2]
     assert both.rewards.tolist() == [0, 1, 2, 3, 4, 5]
     assert both.completions == [r.completions[i] for i in range(6)]
+
+
+def test_growing_decode_cache_draws_what_the_plain_cache_draws(policy, monkeypatch):
+    """The decode loop's cache appends into spare capacity (reallocated past 64 + 2x); rows that end
+    leave it. Same ids and logprobs as transformers' DynamicCache, which concatenates per token."""
+    from transformers import DynamicCache
+
+    import tinyrl.rollout.hf as hf
+
+    model, tok = policy
+    no_eos = NoEosTokenizer(tok)  # rows end on their budgets only: 90, 20 and 75 tokens
+    ctx = [tok(x, add_special_tokens=False)["input_ids"] for x in PROMPTS]
+    p, budgets = SamplingParams(max_new_tokens=90, stream=0), [90, 20, 75]
+    grown = HFEngine(model, no_eos, seed=5).sample(ctx, p, n=2, max_new=budgets)
+    assert hf.decode_cache().layer_class_to_replicate is not DynamicCache().layer_class_to_replicate
+    monkeypatch.setattr(hf, "decode_cache", DynamicCache)
+    plain = HFEngine(model, no_eos, seed=5).sample(ctx, p, n=2, max_new=budgets)
+    for g, budget in enumerate(budgets):
+        for a, b in zip(grown[g], plain[g]):
+            assert len(a.token_ids) == budget and a.token_ids == b.token_ids and a.finish == b.finish == "length"
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+class NoEosTokenizer(CountingTokenizer):
+    eos_token_id = -1

@@ -20,8 +20,6 @@ A resumed run draws the same samples; the global torch RNG is not touched.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
@@ -78,7 +76,7 @@ class HFEngine:
 def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
     """KV cache of each context but its last token, repeated n times; (cache, attention mask, last
     tokens [R, 1], their positions [R]) for R = len(contexts) * n rows. Left padding."""
-    from transformers import DynamicCache
+    from tinyrl.model import prefix_cache
 
     L = max(len(c) for c in contexts)
     ids = torch.full((len(contexts), L), tok.pad_token_id, dtype=torch.long)
@@ -87,21 +85,16 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
         ids[i, L - len(c):] = torch.tensor(c, dtype=torch.long)
         attn[i, L - len(c):] = 1
     ids, attn = ids.to(device), attn.to(device)
-    cache = DynamicCache()
-    if L > 1:  # the decoder stack only: no lm_head over the context positions
-        head_mask = attn[:, :-1]
-        pos = (head_mask.cumsum(-1) - 1).clamp(min=0)
-        trunk(input_ids=ids[:, :-1], attention_mask=head_mask, position_ids=pos, use_cache=True,
-              **{_cache_kwarg(trunk): cache})
-        if n > 1:
-            cache.batch_repeat_interleave(n)
+    cache = prefix_cache(trunk, ids[:, :-1], attn[:, :-1], decode_cache())
+    if n > 1 and L > 1:
+        cache.batch_repeat_interleave(n)
     last_pos = torch.tensor([len(c) - 1 for c in contexts], device=device)
     return (cache, attn.repeat_interleave(n, 0), ids[:, -1:].repeat_interleave(n, 0),
             last_pos.repeat_interleave(n))
 
 
 def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: bool, gens) -> list[Sample]:
-    from tinyrl.model import lm_head_of, trunk_of
+    from tinyrl.model import cache_kwarg, lm_head_of, trunk_of
 
     trunk, head = trunk_of(model), lm_head_of(model)
     device = next(model.parameters()).device
@@ -113,7 +106,7 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
     live = torch.arange(R)  # original row of each row still in the batch
     left = budget.clone()
     stops = StopStrings(tok, params.stop)
-    kw = _cache_kwarg(trunk)
+    kw = cache_kwarg(trunk)
     temperature = 1.0 if greedy else params.temperature
     while live.numel() and int(left.max()) > 0:
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
@@ -173,6 +166,70 @@ def _draw(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tenso
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
-def _cache_kwarg(trunk) -> str:
-    """The KV-cache argument's name: `cache` in transformers 5.x (`past_key_values` deprecated)."""
-    return "cache" if "cache" in inspect.signature(type(trunk).forward).parameters else "past_key_values"
+def decode_cache():
+    """An empty KV cache for the decode loop: a transformers DynamicCache whose layers append each
+    step's keys and values into spare capacity (`_GrowingLayer`) instead of concatenating the whole
+    cache again, so a token costs O(1) copies, not O(length). A transformers version without the
+    layer hook gets the plain DynamicCache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    layer = _growing_layer_class()
+    if layer is not None and getattr(cache, "layer_class_to_replicate", None) is layer.__base__:
+        cache.layer_class_to_replicate = layer
+    return cache
+
+
+_GROWING = []
+
+
+def _growing_layer_class():
+    """`_GrowingLayer`, built on first use (transformers is imported lazily); None where transformers
+    has no `DynamicLayer`."""
+    if not _GROWING:
+        try:
+            from transformers.cache_utils import DynamicLayer
+        except ImportError:
+            _GROWING.append(None)
+            return None
+
+        class _GrowingLayer(DynamicLayer):
+            """DynamicLayer over buffers with room to grow: `keys` / `values` are views of their first
+            `length` positions; a full buffer is reallocated at twice its size (amortised O(1))."""
+
+            def update(self, key_states, value_states, *args, **kwargs):
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                    self._kbuf = self._vbuf = None
+                    self._len = 0
+                n = key_states.shape[-2]
+                if self._kbuf is None or self._len + n > self._kbuf.shape[-2]:
+                    self._grow(key_states, value_states, self._len + n)
+                self._kbuf[..., self._len:self._len + n, :] = key_states
+                self._vbuf[..., self._len:self._len + n, :] = value_states
+                self._len += n
+                self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
+                return self.keys, self.values
+
+            def _grow(self, key_states, value_states, need: int):
+                size = max(2 * need, need + 64)
+                kb = key_states.new_empty(*key_states.shape[:-2], size, key_states.shape[-1])
+                vb = value_states.new_empty(*value_states.shape[:-2], size, value_states.shape[-1])
+                if self._len:
+                    kb[..., :self._len, :] = self.keys
+                    vb[..., :self._len, :] = self.values
+                self._kbuf, self._vbuf = kb, vb
+
+            def batch_repeat_interleave(self, repeats: int) -> None:
+                if self.is_initialized and self._len:
+                    self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
+                    self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
+                    self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
+
+            def batch_select_indices(self, indices) -> None:
+                if self.is_initialized and self._len:
+                    self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
+                    self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
+
+        _GROWING.append(_GrowingLayer)
+    return _GROWING[0]
