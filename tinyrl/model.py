@@ -384,8 +384,13 @@ def prefix_cache(trunk, ids, mask, cache=None):
 
 
 def caches_under_autograd(trunk) -> bool:
-    """Whether a forward of `trunk` right now keeps a KV cache it is given. transformers drops the
-    cache in a gradient-checkpointed training forward (the backward replay would write it twice)."""
+    """Whether a forward of `trunk` right now keeps a KV cache it is given, and its graph. transformers
+    drops the cache in a gradient-checkpointed training forward (the backward replay would write it
+    twice); a forward patched by unsloth (its own checkpointing, its own cache handling) is not
+    trusted with one under autograd: not run here (no GPU)."""
     import torch
 
-    return not (torch.is_grad_enabled() and trunk.training and getattr(trunk, "gradient_checkpointing", False))
+    if not (torch.is_grad_enabled() and trunk.training):
+        return True
+    patched = (getattr(type(trunk).forward, "__module__", "") or "").startswith("unsloth")
+    return not (patched or getattr(trunk, "gradient_checkpointing", False))
