@@ -368,6 +368,11 @@ def cache_kwarg(trunk) -> str:
     return "cache" if "cache" in inspect.signature(type(trunk).forward).parameters else "past_key_values"
 
 
+def positions(mask):
+    """Position ids of left-padded rows: positions count real tokens only (padding gets 0)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def prefix_cache(trunk, ids, mask, cache=None):
     """The KV cache of left-padded token rows `ids` [k, L] (mask [k, L]), decoder stack only (no
     lm_head). Under autograd the cached keys and values keep their graph: rows that later attend
@@ -378,8 +383,8 @@ def prefix_cache(trunk, ids, mask, cache=None):
 
         cache = DynamicCache()
     if ids.shape[1]:
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-        trunk(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(trunk): cache})
+        trunk(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
+              **{cache_kwarg(trunk): cache})
     return cache
 
 

@@ -30,7 +30,8 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
-from tinyrl.model import caches_under_autograd, cache_kwarg, output_projection, prefix_cache, reference_context, trunk_of
+from tinyrl.model import (cache_kwarg, caches_under_autograd, output_projection, positions, prefix_cache,
+                          reference_context, trunk_of)
 from tinyrl.rollout.base import Rollouts
 
 
@@ -86,22 +87,26 @@ def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
     p_ids, p_mask = batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device)
     c_ids, c_mask = batch.completion_ids[r, :t1].to(device), batch.completion_mask[r, :t1].to(device)
     trunk = trunk_of(model)
-    prompts, row_prompt = torch.unique(torch.cat([p_ids, p_mask], 1), dim=0, return_inverse=True)
-    if prompts.shape[0] == r.numel() or p_ids.shape[1] < 2 or not caches_under_autograd(trunk):
-        ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding: positions count real tokens only
-        hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        P = p_ids.shape[1]
-        return hidden[:, P - 1: P + t1 - 1]
-    one = torch.empty(prompts.shape[0], dtype=torch.long, device=device)
-    one[row_prompt] = torch.arange(r.numel(), device=device)  # a row of each distinct prompt
+    if p_ids.shape[1] >= 2 and caches_under_autograd(trunk):
+        prompts, row_prompt = torch.unique(torch.cat([p_ids, p_mask], 1), dim=0, return_inverse=True)
+        if prompts.shape[0] < r.numel():
+            return _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, prompts.shape[0], row_prompt)
+    ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
+    hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False).last_hidden_state
+    P = p_ids.shape[1]
+    return hidden[:, P - 1: P + t1 - 1]
+
+
+def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, row_prompt) -> torch.Tensor:
+    """completion_hidden with one KV cache per distinct prompt (`row_prompt`: each row's prompt index)."""
+    one = torch.empty(n_prompts, dtype=torch.long, device=p_ids.device)
+    one[row_prompt] = torch.arange(p_ids.shape[0], device=p_ids.device)  # a row of each distinct prompt
     cache = prefix_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])
     cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
     ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
     attn = torch.cat([p_mask, c_mask[:, :-1]], 1)  # the prompt (cached + last token) and those tokens
-    pos = ((attn.cumsum(-1) - 1).clamp(min=0))[:, -t1:]
-    return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                 **{cache_kwarg(trunk): cache}).last_hidden_state
+    return trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn)[:, -c_ids.shape[1]:],
+                 use_cache=True, **{cache_kwarg(trunk): cache}).last_hidden_state
 
 
 @dataclass

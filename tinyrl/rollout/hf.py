@@ -20,6 +20,8 @@ A resumed run draws the same samples; the global torch RNG is not touched.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
@@ -180,56 +182,53 @@ def decode_cache():
     return cache
 
 
-_GROWING = []
-
-
+@functools.cache
 def _growing_layer_class():
     """`_GrowingLayer`, built on first use (transformers is imported lazily); None where transformers
     has no `DynamicLayer`."""
-    if not _GROWING:
-        try:
-            from transformers.cache_utils import DynamicLayer
-        except ImportError:
-            _GROWING.append(None)
-            return None
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
 
-        class _GrowingLayer(DynamicLayer):
-            """DynamicLayer over buffers with room to grow: `keys` / `values` are views of their first
-            `length` positions; a full buffer is reallocated at twice its size (amortised O(1))."""
+    class _GrowingLayer(DynamicLayer):
+        """DynamicLayer over buffers with room to grow: `keys` / `values` are views of their first
+        `get_seq_length()` positions; a full buffer is reallocated at twice its size (amortised O(1))."""
 
-            def update(self, key_states, value_states, *args, **kwargs):
-                if not self.is_initialized:
-                    self.lazy_initialization(key_states, value_states)
-                    self._kbuf = self._vbuf = None
-                    self._len = 0
-                n = key_states.shape[-2]
-                if self._kbuf is None or self._len + n > self._kbuf.shape[-2]:
-                    self._grow(key_states, value_states, self._len + n)
-                self._kbuf[..., self._len:self._len + n, :] = key_states
-                self._vbuf[..., self._len:self._len + n, :] = value_states
-                self._len += n
-                self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
-                return self.keys, self.values
+        _kbuf = _vbuf = None
 
-            def _grow(self, key_states, value_states, need: int):
-                size = max(2 * need, need + 64)
-                kb = key_states.new_empty(*key_states.shape[:-2], size, key_states.shape[-1])
-                vb = value_states.new_empty(*value_states.shape[:-2], size, value_states.shape[-1])
-                if self._len:
-                    kb[..., :self._len, :] = self.keys
-                    vb[..., :self._len, :] = self.values
-                self._kbuf, self._vbuf = kb, vb
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            length, n = self.get_seq_length(), key_states.shape[-2]
+            if self._kbuf is None or length + n > self._kbuf.shape[-2]:
+                self._grow(key_states, value_states, length, length + n)
+            self._kbuf[..., length:length + n, :] = key_states
+            self._vbuf[..., length:length + n, :] = value_states
+            self._view(length + n)
+            return self.keys, self.values
 
-            def batch_repeat_interleave(self, repeats: int) -> None:
-                if self.is_initialized and self._len:
-                    self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
-                    self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
-                    self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
+        def _grow(self, key_states, value_states, length: int, need: int):
+            size = max(2 * need, need + 64)
+            kb = key_states.new_empty(*key_states.shape[:-2], size, key_states.shape[-1])
+            vb = value_states.new_empty(*value_states.shape[:-2], size, value_states.shape[-1])
+            if length:
+                kb[..., :length, :] = self.keys
+                vb[..., :length, :] = self.values
+            self._kbuf, self._vbuf = kb, vb
 
-            def batch_select_indices(self, indices) -> None:
-                if self.is_initialized and self._len:
-                    self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
-                    self.keys, self.values = self._kbuf[..., :self._len, :], self._vbuf[..., :self._len, :]
+        def _view(self, length: int):
+            self.keys, self.values = self._kbuf[..., :length, :], self._vbuf[..., :length, :]
 
-        _GROWING.append(_GrowingLayer)
-    return _GROWING[0]
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if length := self.get_seq_length():
+                self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
+                self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
+                self._view(length)
+
+        def batch_select_indices(self, indices) -> None:
+            if length := self.get_seq_length():
+                self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
+                self._view(length)
+
+    return _GrowingLayer
