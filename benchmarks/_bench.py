@@ -1,4 +1,5 @@
-"""One GRPO run of one side (tinyrl or TRL) in this process; the child of benchmarks/vs_trl.py.
+"""One GRPO run of one side (tinyrl, TRL, or TRL at its default memory settings) in this process;
+the child of benchmarks/vs_trl.py.
 
     python benchmarks/_bench.py '<json spec>'      # prints one line: RESULT {json}
 
@@ -9,6 +10,8 @@ AdamW (torch, no weight decay), constant learning rate, clip 0.2, token-mean los
 advantages, beta = 0 (no reference pass), float32, no gradient checkpointing, EOS (or the
 length cap) ends a completion on both sides (no stop strings: TRL's transformers path has
 none, so tinyrl reads its prompts from a jsonl file, which carries no task stop strings).
+Side "trl-default" is the same TRL run with GRPOConfig's own memory defaults left in place
+(TRL 1.16: gradient_checkpointing=True) instead of tinyrl's (off); see trl_memory_args.
 
 What comes back: per-step wall time (time between consecutive optimiser-step ends; the
 first step counts from the start of training), completion tokens per step, completions
@@ -26,7 +29,7 @@ import tempfile
 import time
 
 SPEC = {
-    "side": "tinyrl",  # or "trl"
+    "side": "tinyrl",  # or "trl" (equal settings), or "trl-default" (TRL's own gradient checkpointing default)
     "model": "tiny-arith",  # a tinyrl built-in model name or a local model folder
     "qlora": False,  # nf4 base weights (bitsandbytes), LoRA on top
     "task": "arithmetic",  # a tinyrl task name, or "dense": arithmetic prompts, a dense character reward
@@ -266,6 +269,17 @@ def load_hf(spec):
     return tok, model
 
 
+def trl_memory_args(spec) -> dict:
+    """GRPOConfig's memory settings for this side. "trl": tinyrl's, so both sides run the same
+    config (GRPOConfig defaults to gradient_checkpointing=True; tinyrl does not checkpoint).
+    "trl-default": none passed, so TRL runs with its own default (True in TRL 1.16).
+
+    >>> trl_memory_args({"side": "trl"}), trl_memory_args({"side": "trl-default"})
+    ({'gradient_checkpointing': False}, {})
+    """
+    return {} if spec["side"] == "trl-default" else {"gradient_checkpointing": False}
+
+
 def run_trl(spec, root: str) -> dict:
     import torch
     from datasets import Dataset
@@ -291,8 +305,7 @@ def run_trl(spec, root: str) -> dict:
     B, G, micro = spec["prompts"], spec["generations"], spec["micro_batch"]
     args = GRPOConfig(
         output_dir=os.path.join(root, "trl"), use_cpu=True, report_to="none", bf16=False, fp16=False,
-        # GRPOConfig's default is True; tinyrl's is False (vs_trl.py --trl-defaults turns it on here)
-        gradient_checkpointing=bool(spec.get("trl_gradient_checkpointing", False)),
+        **trl_memory_args(spec),
         per_device_train_batch_size=micro, gradient_accumulation_steps=B * G // micro,  # = steps_per_generation
         num_generations=G, max_completion_length=spec["max_new_tokens"],
         temperature=spec["temperature"], top_p=1.0, top_k=0,
@@ -339,6 +352,7 @@ def run_trl(spec, root: str) -> dict:
         "peak_rss_setup_mib": hwm_setup,  # high-water mark before training (model loading peaks here)
         "threads": torch.get_num_threads(),
         "trl_steps_per_generation": args.steps_per_generation,
+        "gradient_checkpointing": bool(trainer.accelerator.unwrap_model(trainer.model).is_gradient_checkpointing),
         **lora_moved(before, trainer.model),
     }
 

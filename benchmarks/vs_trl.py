@@ -4,6 +4,7 @@
     python benchmarks/vs_trl.py --quick              # smoke run: tiny model, A B once, 3 steps, 2 scaling points
     python benchmarks/vs_trl.py --cases tiny-lora smollm-lora --repeats 3 --no-scaling
     python benchmarks/vs_trl.py --scaling-only --json /tmp/vs_trl.json
+    python benchmarks/vs_trl.py --cases tiny-lora --no-scaling --trl-defaults   # + a table vs TRL's defaults
 
 What is the same on both sides (see benchmarks/_bench.py, which runs one side of one case):
 the model and tokenizer (loaded by tinyrl's own loader for both), the prompts (the task's
@@ -21,6 +22,15 @@ process (ru_maxrss: imports + model + training), the RSS just before training st
 completion length, completions generated per step, and whether the LoRA weights moved (a run
 whose adapter did not change did not train, and its timing would not count). Runs alternate
 tinyrl, TRL, tinyrl, TRL (--repeats pairs) so slow drift of a shared machine hits both.
+
+--trl-defaults adds a third side, trl-default: the same TRL run with GRPOConfig's own memory
+default left in place, gradient_checkpointing=True (TRL 1.16), where the runs above switch it
+off to match tinyrl; everything else stays as above (bf16 too: GRPOConfig's bf16=True default
+changes the precision, not only the memory, so it stays off). Each repeat then runs
+TRL, tinyrl, trl-default, so tinyrl's run sits back to back with each TRL run it is paired
+with, and a second case table compares that same tinyrl run with trl-default (its own pair
+ratios; the issue-9 targets are for the equal-settings table only). This is what a TRL user
+gets without switching checkpointing off: less activation memory, a recomputed forward.
 
 Cases: tiny-{lora,qlora} is the embedded default's shape (tinyrl/assets/tiny-arith, the
 arithmetic task, 16 prompts x 8, 8 new tokens); when tiny-arith is not built yet a random
@@ -47,7 +57,8 @@ from importlib import resources
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SIDES = ("tinyrl", "trl")
+SIDES = ("tinyrl", "trl")  # the equal-settings pair, always run
+TRL_DEFAULT = "trl-default"  # TRL at GRPOConfig's default gradient_checkpointing=True (--trl-defaults)
 STEP_TARGET, RSS_TARGET = 0.5, 0.6
 
 TINY = dict(model="tiny-arith", task="arithmetic", prompts=16, generations=8, max_new_tokens=8, micro_batch=64,
@@ -125,23 +136,50 @@ def summarise(runs: list[dict], warmup: int = 1) -> dict:
                       if all(len(r.get("rollout_s", [])) > warmup for r in ok) else None),
         "runs": len(ok),
         "errors": [r["error"] for r in runs if "error" in r],
+        **checkpointing(ok),
     }
 
 
+def checkpointing(ok: list[dict]) -> dict:
+    """How many of a TRL side's runs had gradient checkpointing on (the check that trl-default's
+    differs from trl's); {} for tinyrl, whose runs do not report it.
+
+    >>> checkpointing([{"gradient_checkpointing": True}, {"gradient_checkpointing": False}]), checkpointing([{}])
+    ({'gradient_checkpointing': '1/2'}, {})
+    """
+    gc = [r["gradient_checkpointing"] for r in ok if "gradient_checkpointing" in r]
+    return {"gradient_checkpointing": f"{sum(gc)}/{len(gc)}"} if gc else {}
+
+
 def compare(spec: dict, repeats: int, timeout: int, order=SIDES, log=print) -> dict:
-    """Run tinyrl and TRL alternately `repeats` times each on `spec`; both summaries and the ratios."""
-    runs: dict[str, list] = {s: [] for s in SIDES}
+    """Run the sides of `order` in turn, `repeats` times each, on `spec`; each side's summary and
+    the tinyrl / TRL pair ratios (top level), plus tinyrl / trl-default ones where `order` has it."""
+    runs: dict[str, list] = {s: [] for s in order}
+    width = max(6, *map(len, order))
     for i in range(repeats):
         for side in order:
             r = run_side({**spec, "side": side}, timeout)
             runs[side].append(r)
             msg = r.get("error") or (f"median step {statistics.median(r['step_s'][1:] or r['step_s']):.2f} s, "
                                      f"peak RSS {r['peak_rss_mib']:.0f} MiB, process {r['process_s']:.0f} s")
-            log(f"    {side:<6} run {i + 1}/{repeats}: {msg}")
-    out = {s: summarise(runs[s]) for s in SIDES}
+            log(f"    {side:<{width}} run {i + 1}/{repeats}: {msg}")
+    out = {s: summarise(runs[s]) for s in (*SIDES, TRL_DEFAULT) if s in runs}
     out.update(pair_ratios(runs["tinyrl"], runs["trl"]))
+    if TRL_DEFAULT in runs:
+        out["ratios_" + TRL_DEFAULT] = pair_ratios(runs["tinyrl"], runs[TRL_DEFAULT])
     out["raw"] = runs
     return out
+
+
+def ratios(res: dict, other: str = "trl") -> dict:
+    """tinyrl's pair ratios against side `other` in one compare() result ({} if no pair ran).
+
+    >>> ratios({"step_ratio": 0.9, "ratios_trl-default": {"step_ratio": 0.7}}, "trl-default")
+    {'step_ratio': 0.7}
+    >>> ratios({"step_ratio": 0.9})["step_ratio"], ratios({"step_ratio": 0.9}, "trl-default")
+    (0.9, {})
+    """
+    return res if other == "trl" else res.get("ratios_" + other, {})
 
 
 def pair_ratios(ours: list[dict], theirs: list[dict], warmup: int = 1) -> dict:
@@ -236,30 +274,48 @@ def _f(x, fmt=".2f", none="-"):
     return none if x is None else format(x, fmt)
 
 
-def case_table(results: dict) -> str:
-    head = (f"{'case':<13} {'side':<7} {'step s':>7} {'tok/s':>7} {'peak RSS':>9} {'setup RSS':>9} {'len':>5} "
+def case_table(results: dict, other: str = "trl") -> str:
+    """tinyrl and side `other` per case, the ratios on tinyrl's row; the issue-9 targets (ok / MISS)
+    are judged only against "trl", the equal-settings run they are set for."""
+    targets = other == "trl"
+    w = max(7, len(other))
+    head = (f"{'case':<13} {'side':<{w}} {'step s':>7} {'tok/s':>7} {'peak RSS':>9} {'setup RSS':>9} {'len':>5} "
             f"{'compl/step':>10} {'trained':>8}  {'step x':>7} {'RSS x':>6}")
     lines = [head, "-" * len(head)]
     for name, res in results.items():
-        for side in SIDES:
+        rat = ratios(res, other)
+        for side in ("tinyrl", other):
             s = res[side]
             if "error" in s:
-                lines.append(f"{name:<13} {side:<7} error: {s['error']}")
+                lines.append(f"{name:<13} {side:<{w}} error: {s['error']}")
                 continue
             ratio = ""
-            if side == "tinyrl" and "step_ratio" in res:
-                ok_t = "ok" if res["step_ratio"] <= STEP_TARGET else "MISS"
-                ok_m = "ok" if res["rss_ratio"] <= RSS_TARGET else "MISS"
-                (t0, t1), (m0, m1) = res["step_ratio_range"], res["rss_ratio_range"]
-                ratio = (f"  {res['step_ratio']:>5.2f}{ok_t:>5} {res['rss_ratio']:>4.2f}{ok_m:>5}"
-                         f"  [{t0:.2f}-{t1:.2f}] [{m0:.2f}-{m1:.2f}] x{res['pairs']}")
-            lines.append(f"{name:<13} {side:<7} {s['step_s']:>7.2f} {s['tokens_per_s']:>7.0f} "
+            if side == "tinyrl" and "step_ratio" in rat:
+                ok_t = ("ok" if rat["step_ratio"] <= STEP_TARGET else "MISS") if targets else ""
+                ok_m = ("ok" if rat["rss_ratio"] <= RSS_TARGET else "MISS") if targets else ""
+                (t0, t1), (m0, m1) = rat["step_ratio_range"], rat["rss_ratio_range"]
+                ratio = (f"  {rat['step_ratio']:>5.2f}{ok_t:>5} {rat['rss_ratio']:>4.2f}{ok_m:>5}"
+                         f"  [{t0:.2f}-{t1:.2f}] [{m0:.2f}-{m1:.2f}] x{rat['pairs']}")
+            lines.append(f"{name:<13} {side:<{w}} {s['step_s']:>7.2f} {s['tokens_per_s']:>7.0f} "
                          f"{s['peak_rss_mib']:>8.0f}M {s['rss_setup_mib']:>8.0f}M {s['completion_len']:>5.1f} "
                          f"{s['completions_per_step']:>10.0f} {('yes' if s['trained'] else 'NO'):>8}{ratio}")
-    lines.append(f"step x / RSS x: tinyrl / TRL, the median over A/B pairs of each pair's ratio, then the "
-                 f"range over pairs and the number of pairs (targets <= {STEP_TARGET} and <= {RSS_TARGET}); "
+    goal = (f"targets <= {STEP_TARGET} and <= {RSS_TARGET}" if targets
+            else "no targets here: issue 9 sets them at equal settings")
+    lines.append(f"step x / RSS x: tinyrl / {'TRL' if targets else other}, the median over A/B pairs of each "
+                 f"pair's ratio, then the range over pairs and the number of pairs ({goal}); "
                  "len: mean completion tokens; setup RSS: just before training.")
     return "\n".join(lines)
+
+
+def defaults_heading(results: dict) -> str:
+    """What the trl-default table changes against the equal-settings one, and the runs' own check of it."""
+    gc = ", ".join(f"{name} {res[TRL_DEFAULT].get('gradient_checkpointing', '?')} vs "
+                   f"{res['trl'].get('gradient_checkpointing', '?')}" for name, res in results.items())
+    return (f"against TRL's default memory settings: {TRL_DEFAULT} = TRL with gradient_checkpointing left at "
+            "GRPOConfig's default (True in TRL 1.16) instead of off; nothing else differs from the table above "
+            "(float32, bf16 off, same batch, LoRA, sampling and optimiser); the tinyrl rows are the same runs as "
+            f"above, each paired with the {TRL_DEFAULT} run next to it.\n"
+            f"runs with checkpointing on, {TRL_DEFAULT} vs trl: {gc}")
 
 
 def scaling_table(rows: list[dict]) -> str:
@@ -280,10 +336,10 @@ def scaling_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def fairness_notes(results: dict) -> str:
+def fairness_notes(results: dict, other: str = "trl") -> str:
     out = []
     for name, res in results.items():
-        a, b = res["tinyrl"], res["trl"]
+        a, b = res["tinyrl"], res[other]
         if "error" in a or "error" in b:
             continue
         out.append(f"{name}: completions/step {a['completions_per_step']:.0f} vs {b['completions_per_step']:.0f}, "
@@ -316,22 +372,20 @@ def main(argv=None) -> dict:
     p.add_argument("--timeout", type=int, default=900, help="seconds per run before it counts as failed")
     p.add_argument("--json", help="also write every measurement here")
     p.add_argument("--trl-defaults", action="store_true",
-                   help="a second table against TRL's default memory settings (gradient_checkpointing=True)")
+                   help=f"also run TRL at GRPOConfig's default gradient_checkpointing=True (side {TRL_DEFAULT}), "
+                        "paired with the same tinyrl runs, and print a second table against it")
     args = p.parse_args(argv)
     cases = [] if args.scaling_only else (args.cases or (["tiny-lora"] if args.quick else list(CASES)))
     repeats = args.repeats or (1 if args.quick else 2)
-    results, notes, defaults = {}, {}, {}
+    order = ("trl", "tinyrl", TRL_DEFAULT) if args.trl_defaults else SIDES  # tinyrl next to both TRL runs
+    results, notes = {}, {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
         for name in cases:
             spec, note = case_spec(name, root, args.quick, args.threads)
             print(f"== {name}" + (f" ({note})" if note else ""), flush=True)
-            results[name] = compare(spec, repeats, args.timeout, log=lambda m: print(m, flush=True))
+            results[name] = compare(spec, repeats, args.timeout, order, log=lambda m: print(m, flush=True))
             notes[name] = note
-            if args.trl_defaults:
-                print(f"== {name}, TRL at its default gradient_checkpointing=True", flush=True)
-                defaults[name] = compare({**spec, "trl_gradient_checkpointing": True}, repeats, args.timeout,
-                                         log=lambda m: print(m, flush=True))
         scaling = [] if args.no_scaling else run_scaling(root, args.quick, args.threads, args.timeout,
                                                          log=lambda m: print(m, flush=True))
     print(f"\n== tinyrl vs TRL {_trl_version()} GRPOTrainer ({args.threads} threads, {os.cpu_count()} cores, "
@@ -342,13 +396,14 @@ def main(argv=None) -> dict:
         for name, note in notes.items():
             if note:
                 print(f"note: {name}: {note}")
-    if defaults:
-        print("\nagainst TRL's default memory settings (its gradient_checkpointing=True; tinyrl unchanged):")
-        print(case_table(defaults))
+    if results and args.trl_defaults:
+        print("\n" + defaults_heading(results))
+        print(case_table(results, TRL_DEFAULT))
+        print(f"\nfairness checks (tinyrl vs {TRL_DEFAULT}):\n" + fairness_notes(results, TRL_DEFAULT))
     if scaling:
         print(f"\nscaling (random tiny-arith-shaped Llama, no EOS, B={SCALING['prompts']} prompts, dense reward):")
         print(scaling_table(scaling))
-    out = {"cases": results, "trl_defaults": defaults, "notes": notes, "scaling": scaling, "threads": args.threads}
+    out = {"cases": results, "notes": notes, "scaling": scaling, "threads": args.threads}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out
