@@ -111,15 +111,22 @@ def test_micro_batches_are_cut_to_their_own_widths():
     assert [(mb.prompt_start, mb.completion_end) for mb in mbs] == [(0, 4), (2, 1)]
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["shared", "checkpointed"])
-def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, checkpointing):
+@pytest.mark.parametrize("checkpointing, pack, attn", [(False, False, "sdpa"), (False, True, "sdpa"),
+                                                     (False, True, "eager"), (True, None, "sdpa")],
+                         ids=["shared", "shared-packed", "shared-packed-eager", "checkpointed"])
+def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, checkpointing, pack,
+                                                                    attn):
     """A group's rows share their prompt's KV cache (its graph kept): the hidden states and the
-    gradients of every full row, for a G-th of the prompt tokens. Gradient checkpointing drops a
-    training forward's cache, so there every row runs in full (same result)."""
+    gradients of every full row, for a G-th of the prompt tokens; packed, for only the rows' real
+    tokens (no padding; sdpa takes the block mask as booleans, eager as an additive float mask).
+    Gradient checkpointing drops a training forward's cache, so there every row runs in full (same
+    result)."""
     t = trainer(tiny_model_dir, run_root, **{"model.gradient_checkpointing": checkpointing})
+    t.model.set_attn_implementation(attn)
     t.train_step()  # a non-zero adapter: the prompt positions' K/V depend on it
     batch, _ = t.collect_batch()
     trunk = trunk_of(t.model)
+    assert trunk.config._attn_implementation == attn
     mb = micro_batches(batch, torch.arange(batch.num_rows), batch.num_rows)[0]  # every prompt G times
     P, t1 = batch.prompt_ids.shape[1] - mb.prompt_start, mb.completion_end
     mask = batch.completion_mask[:, :t1].float()
@@ -128,7 +135,7 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
     hook = trunk.register_forward_pre_hook(lambda m, a, kw: tokens.append(kw["input_ids"].numel()), with_kwargs=True)
     t.model.train()
     t.model.zero_grad()  # the step above leaves its gradients
-    h = completion_hidden(t.model, batch, mb)  # rows in the micro-batch's order
+    h = completion_hidden(t.model, batch, mb, pack=pack)  # rows in the micro-batch's order
     (h * w[mb.rows] * mask[mb.rows, :, None]).sum().backward()
     hook.remove()
     shared = {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
@@ -153,7 +160,24 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
         noise = (reordered[n] - plain[n]).norm()
         assert (shared[n] - plain[n]).norm() <= 2 * noise + 1e-6 * plain[n].norm(), n
     n_rows, n_prompts = batch.num_rows, len({tuple(r) for r in batch.prompt_ids.tolist()})
+    real = int(batch.completion_mask[:, :t1].sum())
     if checkpointing:
         assert tokens == [n_rows * (P + t1)]
     else:  # each distinct prompt but its last token once, then each row's last prompt token and completion
-        assert n_prompts < n_rows and tokens == [n_prompts * (P - 1), n_rows * t1]
+        assert n_prompts < n_rows and tokens == [n_prompts * (P - 1), real if pack else n_rows * t1]
+        assert real < n_rows * t1  # there was padding to leave out
+
+
+def test_rows_are_packed_where_the_padding_costs_more_than_the_block_mask():
+    from types import SimpleNamespace
+
+    from tinyrl.update import _packing_pays
+
+    smol = SimpleNamespace(hidden_size=576, intermediate_size=1536)  # SmolLM2-135M
+    # a group of mostly short completions and one long one: the padding is most of the work
+    assert _packing_pays(smol, torch.tensor([28, 12, 10, 9, 8, 8, 6, 5]), n_prompts=2, cached=51)
+    # equal lengths: nothing to remove, and the packed attention is larger
+    assert not _packing_pays(smol, torch.tensor([28] * 8), n_prompts=2, cached=51)
+    # many long rows of a small model: the packed attention (quadratic in all the rows' tokens) costs more
+    tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
+    assert not _packing_pays(tiny, torch.tensor([128] * 15 + [100]), n_prompts=4, cached=30)

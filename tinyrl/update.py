@@ -18,6 +18,9 @@ Two ways of doing less work that leave the gradient the same (to fp32 rounding):
 - the rows of one prompt read it once (`completion_hidden`): a group's G completions attend to
   one KV cache of their shared prompt, whose graph carries their gradients back, so the prompt
   costs one forward and backward per micro-batch instead of G.
+- no padding inside a micro-batch where that pays: its rows' completions run packed end to end
+  in one sequence, each attending only to its own prompt's cache and its own earlier tokens (a
+  block mask), so a micro-batch costs its real tokens, not rows x its longest completion.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def micro_batches(batch: Rollouts, rows: torch.Tensor, size: int) -> list[MicroB
     return out
 
 
-def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
+def completion_hidden(model, batch: Rollouts, mb: MicroBatch, pack: bool | None = None) -> torch.Tensor:
     """Final hidden states at the positions that predict each completion token: [n, T_mb, H].
 
     Rows with the same prompt (a group's G completions) read it once: each distinct prompt but its
@@ -81,7 +84,11 @@ def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
     keeps its graph, so the prompt positions get the sum of their rows' gradients: the same
     gradient as a forward of every full row (to fp32 rounding), with a G-th of the prompt work.
     Where nothing repeats, or transformers would drop the cache (a gradient-checkpointed training
-    forward), every row runs in full."""
+    forward), every row runs in full.
+
+    Rows that share a prompt cache also run packed (`_packed_rows_hidden`: no padding) where the
+    attention's block mask costs less than the padding it removes (`_packing_pays`); `pack` forces
+    the choice (tests). Hidden states at padding positions are 0 there, and are never read."""
     device = next(model.parameters()).device
     r, p0, t1 = mb.rows, mb.prompt_start, mb.completion_end
     p_ids, p_mask = batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device)
@@ -90,23 +97,90 @@ def completion_hidden(model, batch: Rollouts, mb: MicroBatch) -> torch.Tensor:
     if p_ids.shape[1] >= 2 and caches_under_autograd(trunk):
         prompts, row_prompt = torch.unique(torch.cat([p_ids, p_mask], 1), dim=0, return_inverse=True)
         if prompts.shape[0] < r.numel():
-            return _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, prompts.shape[0], row_prompt)
+            return _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, prompts.shape[0], row_prompt, pack)
     ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
     hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False).last_hidden_state
     P = p_ids.shape[1]
     return hidden[:, P - 1: P + t1 - 1]
 
 
-def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, row_prompt) -> torch.Tensor:
+def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, row_prompt,
+                          pack: bool | None) -> torch.Tensor:
     """completion_hidden with one KV cache per distinct prompt (`row_prompt`: each row's prompt index)."""
     one = torch.empty(n_prompts, dtype=torch.long, device=p_ids.device)
     one[row_prompt] = torch.arange(p_ids.shape[0], device=p_ids.device)  # a row of each distinct prompt
     cache = prefix_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])
-    cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
     ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
     attn = torch.cat([p_mask, c_mask[:, :-1]], 1)  # the prompt (cached + last token) and those tokens
-    return trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn)[:, -c_ids.shape[1]:],
-                 use_cache=True, **{cache_kwarg(trunk): cache}).last_hidden_state
+    pos = positions(attn)[:, -c_ids.shape[1]:]
+    lengths = _completion_lengths(c_mask)
+    if pack is None:
+        pack = _can_pack(trunk, cache) and _packing_pays(trunk.config, lengths, n_prompts, p_ids.shape[1] - 1)
+    if pack:
+        return _packed_rows_hidden(trunk, cache, ids, attn[:, -ids.shape[1]:], pos, lengths, row_prompt,
+                                   p_mask[one, :-1])
+    cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
+    return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                 **{cache_kwarg(trunk): cache}).last_hidden_state
+
+
+def _completion_lengths(c_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each row needs: up to its last completion token (at least 1)."""
+    cols = torch.arange(1, c_mask.shape[1] + 1, device=c_mask.device)
+    return (c_mask * cols).amax(-1).clamp(min=1)
+
+
+def _can_pack(trunk, cache) -> bool:
+    """A block mask is honoured by the attention (sdpa and eager take a 4D mask as it is; flash
+    kernels take none) and the cache is plain per-layer key/value tensors that can be laid end to
+    end (no sliding window)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return (getattr(trunk.config, "_attn_implementation", None) in _BLOCK_MASK_DTYPES
+            and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])))
+
+
+_BLOCK_MASK_DTYPES = {"sdpa": torch.bool, "eager": None}  # None: additive, in the activations' dtype
+
+
+def _packing_pays(config, lengths: torch.Tensor, n_prompts: int, cached: int) -> bool:
+    """Whether the packed rows cost fewer FLOPs than the padded ones. Per layer, a token costs its
+    projections and MLP, ~2 (4 d^2 + 3 d i), and each (query, key) pair of the attention ~4 d. Padded:
+    every row runs the micro-batch's longest completion against its prompt; packed: only the real
+    tokens, but each attends (masked) over every prompt cache and every packed token."""
+    d = config.hidden_size
+    per_token = 2 * (4 * d * d + 3 * d * getattr(config, "intermediate_size", 4 * d))
+    n, t, q = lengths.numel(), int(lengths.max()), int(lengths.sum())
+    padded = n * t * per_token + n * t * (cached + t) * 4 * d
+    packed = q * per_token + q * (n_prompts * cached + q) * 4 * d
+    return packed < padded
+
+
+def _packed_rows_hidden(trunk, cache, ids, valid, pos, lengths, row_prompt, cache_valid) -> torch.Tensor:
+    """The rows' tokens `ids` [n, t1] (their first `lengths` each; `valid`: which are real keys,
+    `pos`: their position ids) packed into one sequence that attends to every distinct prompt's
+    cache laid end to end (`cache_valid` [k, L]: its real columns). A block mask lets each token see
+    its own prompt's real cache columns and its own row's earlier real tokens: the same attention as
+    the padded rows. Returns [n, t1, H], 0 past each row's length."""
+    n, t1 = ids.shape
+    dev = ids.device
+    row = torch.repeat_interleave(torch.arange(n, device=dev), lengths)  # the row of each packed token
+    col = torch.arange(row.numel(), device=dev) - (torch.cumsum(lengths, 0) - lengths)[row]  # its column
+    k, L = cache_valid.shape
+    for layer in cache.layers:  # [k, heads, L, D] -> [1, heads, k * L, D], prompt after prompt
+        layer.keys, layer.values = (x.transpose(0, 1).reshape(1, x.shape[1], k * L, x.shape[-1])
+                                    for x in (layer.keys, layer.values))
+    own_prompt = row_prompt[row][:, None] == torch.arange(k, device=dev).repeat_interleave(L)[None]
+    sees_cache = own_prompt & cache_valid.reshape(1, -1).bool()
+    sees_row = (row[:, None] == row[None]) & (col[None] <= col[:, None]) & valid[row, col].bool()[None]
+    allowed = torch.cat([sees_cache, sees_row], 1)[None, None]
+    dtype = _BLOCK_MASK_DTYPES[trunk.config._attn_implementation]
+    if dtype is None:
+        act = trunk.get_input_embeddings().weight.dtype
+        allowed = torch.zeros(allowed.shape, dtype=act, device=dev).masked_fill(~allowed, torch.finfo(act).min)
+    h = trunk(input_ids=ids[row, col][None], attention_mask=allowed, position_ids=pos[row, col][None],
+              use_cache=True, **{cache_kwarg(trunk): cache}).last_hidden_state[0]
+    return h.new_zeros(n * t1, h.shape[-1]).index_copy(0, row * t1 + col, h).view(n, t1, -1)
 
 
 @dataclass
