@@ -203,11 +203,14 @@ def score(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_si
         for mb in micro_batches(batch, rows, micro_batch):
             h = completion_hidden(model, batch, mb)
             t1 = mb.completion_end
-            m = action[mb.rows, :t1]
-            logp, ent = kernels.linear_logprobs(h, weight, batch.completion_ids[mb.rows, :t1].to(h.device), bias=bias,
+            sel = action[mb.rows, :t1] != 0  # the head only where a logprob is kept
+            logp, ent = kernels.linear_logprobs(h[sel.to(h.device)], weight,
+                                                batch.completion_ids[mb.rows, :t1][sel].to(h.device), bias=bias,
                                                 temperature=temperature, chunk_size=chunk_size, impl=impl)
-            logp_out[mb.rows, :t1] = logp.float().cpu() * m
-            ent_out[mb.rows, :t1] = ent.float().cpu() * m
+            for out, v in ((logp_out, logp), (ent_out, ent)):
+                part = torch.zeros(sel.shape)
+                part[sel] = v.float().cpu()
+                out[mb.rows, :t1] = part
     return Scored(logp_out, ent_out)
 
 
