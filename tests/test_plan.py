@@ -341,3 +341,42 @@ def test_preset_base_that_loops_is_a_config_error(tmp_path):
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ConfigError, match="leads back to itself"):
         load_config(tmp_path / "a.yaml")
+
+
+def test_auto_checkpointing_is_on_only_where_the_update_would_not_fit_without_it():
+    """model.gradient_checkpointing auto (tinyrl/planner/checkpointing.py): on exactly when the plan
+    without it does not fit and its peak is the update phase; a run that fits, or whose peak is the
+    rollout, stays off (checkpointing would only cost time there)."""
+    from tinyrl.planner.checkpointing import checkpointing_pays, resolve
+
+    _, cfg = load_config("qwen2.5-0.5b_grpo_math_gpu", {"model.gradient_checkpointing": "auto",
+                                                         "rollout.engine": "hf"})
+    with_gc = lambda c, on: dataclasses.replace(c, model=dataclasses.replace(c.model, gradient_checkpointing=on))  # noqa: E731
+    off, on = (plan_config(with_gc(cfg, v), "cuda", 80 * 2**30) for v in (False, True))
+    assert off.peak_phase == "update" and on.peak < off.peak
+    between = (on.peak + off.peak) // 2
+    assert checkpointing_pays(cfg, "cuda", between)[0]
+    assert not checkpointing_pays(cfg, "cuda", off.peak + 2**30)[0]
+    auto = plan_config(cfg, "cuda", between)  # `tinyrl plan` plans auto as the rule decides, and says so
+    assert auto.peak == plan_config(with_gc(cfg, True), "cuda", between).peak
+    assert any("gradient_checkpointing auto -> true" in n for n in auto.notes)
+    long = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, num_generations=64, max_new_tokens=4096),
+                               train=dataclasses.replace(cfg.train, micro_batch_size=1))
+    long_off = plan_config(with_gc(long, False), "cuda", 80 * 2**30)
+    assert long_off.peak_phase == "rollout"
+    pays, why = checkpointing_pays(long, "cuda", long_off.peak - 1)
+    assert not pays and "rollout" in why
+    # resolved where a trainer starts: a bool, the tiny CPU default fits its machine (off); given values stay
+    _, tiny = load_config("tiny_grpo_cpu")
+    assert tiny.model.gradient_checkpointing == "auto"
+    assert resolve(tiny, "cpu").model.gradient_checkpointing is False
+    assert resolve(with_gc(tiny, True), "cpu").model.gradient_checkpointing is True
+
+
+def test_auto_checkpointing_of_a_model_the_planner_cannot_read_stays_off(caplog):
+    from tinyrl.planner.checkpointing import resolve
+
+    _, cfg = load_config("tiny_grpo_cpu", {"model.name": "no-such-org/no-such-model"})
+    with caplog.at_level("INFO", logger="tinyrl.planner"):
+        assert resolve(cfg, "cpu").model.gradient_checkpointing is False
+    assert "could not be planned" in caplog.text and "no-such-org/no-such-model" in caplog.text

@@ -40,7 +40,9 @@ class ModelConfig:
     load_in_4bit: bool = False  # QLoRA: nf4 base weights through bitsandbytes
     backend: Literal["transformers", "unsloth"] = "transformers"
     gguf_file: Optional[str] = None  # load this GGUF file of `name` (transformers `gguf_file=`)
-    gradient_checkpointing: bool = False
+    # auto: on only where the run's memory plan says the update does not fit without it (the rule:
+    # tinyrl/planner/checkpointing.py); true / false as given
+    gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
     # start from this trained peft adapter (an adapter folder, or a run folder with adapter/); its own
     # LoRA shape (r, alpha, target modules) is used, not lora.*; null: a fresh LoRA adapter
     adapter: Optional[str] = None

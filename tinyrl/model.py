@@ -270,6 +270,13 @@ def resolve_adapter(path: str) -> str:
     return path
 
 
+def checkpointing_on(cfg_model) -> bool:
+    """model.gradient_checkpointing as loaded: true, or auto decided on by the run's memory plan
+    (tinyrl.planner.checkpointing.resolve, done where a whole run config is known); auto left
+    unresolved is off."""
+    return cfg_model.gradient_checkpointing is True
+
+
 def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
     """(peft model, tokenizer). With `adapter` (an adapter or run folder), load saved LoRA weights (trainable)."""
     quiet_third_party_noise()
@@ -282,13 +289,14 @@ def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
         return unsloth.load_policy(cfg_model, cfg_lora, resolved, adapter)
     tok = load_tokenizer(resolved)
     base = load_base_model(cfg_model, resolved)
+    checkpointed = checkpointing_on(cfg_model)
     if adapter is None:
-        return add_lora(base, cfg_lora, cfg_model.gradient_checkpointing), tok
+        return add_lora(base, cfg_lora, checkpointed), tok
     from peft import PeftModel, prepare_model_for_kbit_training
 
     if getattr(base, "is_loaded_in_4bit", False):  # as add_lora prepares a 4-bit base for training
-        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=cfg_model.gradient_checkpointing)
-    elif cfg_model.gradient_checkpointing:
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=checkpointed)
+    elif checkpointed:
         base.gradient_checkpointing_enable()
         base.enable_input_require_grads()
     try:

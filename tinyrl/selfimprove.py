@@ -106,6 +106,9 @@ class SelfImprove:
         from tinyrl.rewards.core import RewardSet
         from tinyrl.rollout.base import SamplingParams
 
+        from tinyrl.planner import checkpointing
+
+        cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: decided once, for every round
         self.cfg, self.run, self.rationalize = cfg, run, rationalize
         self.method = "star" if rationalize else "rest_em"
         self.tokenizer = load_tokenizer(resolve_model(cfg.model.name, cfg.model.gguf_file))

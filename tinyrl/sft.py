@@ -229,6 +229,8 @@ def trl_args(cfg, output_dir: Path, num_rows: int):
 
 
 def _trl_config(TRLSFTConfig, cfg, s, output_dir, steps_per_epoch, cuda):
+    from tinyrl.model import checkpointing_on
+
     return TRLSFTConfig(
         output_dir=str(output_dir),
         num_train_epochs=s.epochs,
@@ -247,7 +249,7 @@ def _trl_config(TRLSFTConfig, cfg, s, output_dir, steps_per_epoch, cuda):
         save_strategy="steps" if s.save_every else "no",
         save_steps=s.save_every or 500,
         save_total_limit=cfg.train.keep_last,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        gradient_checkpointing=checkpointing_on(cfg.model),
         bf16=cfg.model.dtype == "bfloat16",
         fp16=cfg.model.dtype == "float16",
         use_cpu=not cuda,
@@ -473,8 +475,10 @@ def run_stage(cfg, run: RunDir):
     import torch
 
     from tinyrl.model import load_policy
+    from tinyrl.planner import checkpointing
     from tinyrl.trainer import Run
 
+    cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: the run's memory plan decides
     rows = load_rows(cfg)
     if not rows:
         raise ConfigError(f"sft.data: no rows to train on from {cfg.sft.data or 'the task'}"

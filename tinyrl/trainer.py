@@ -41,6 +41,7 @@ from tinyrl.data import PromptSource, load_rows
 from tinyrl.evaluation import accuracy
 from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.model import load_policy
+from tinyrl.planner import checkpointing
 from tinyrl.monitor import Monitor, apply_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
 from tinyrl.rollout import make_engine, prompt_renderer
@@ -68,6 +69,7 @@ class Run:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, run: RunDir):
+        cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: on only where the update needs it
         self.cfg = cfg
         self.run = run
         self.dist = distributed.setup(cfg.dist.timeout_s)  # [dist] one process, or this rank of the launch

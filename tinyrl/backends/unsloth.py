@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tinyrl.model import ModelLoadError
+from tinyrl.model import ModelLoadError, checkpointing_on
 
 EXTRA = "pip install 'tinyrl[unsloth]'"
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -61,7 +61,7 @@ def load_policy(cfg_model, cfg_lora, resolved, adapter: str | None = None):
     import torch
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg_model.dtype]
-    checkpointing = "unsloth" if cfg_model.gradient_checkpointing else False
+    checkpointing = "unsloth" if checkpointing_on(cfg_model) else False
     model, tok = FastLanguageModel.from_pretrained(
         model_name=resolved.path, dtype=dtype, load_in_4bit=cfg_model.load_in_4bit,
         use_gradient_checkpointing=checkpointing, fast_inference=False)

@@ -282,9 +282,21 @@ def largest(s: M.Setup, budget: int, knob: str, hi: int | None = None) -> int | 
 
 def plan_config(cfg, device: str, budget: int, budget_label: str = "", world_size: int = 1,
                 prompt_tokens: int | None = None) -> Plan:
-    """The plan of a RunConfig; a rollout.gpu_memory_utilization set away from its default is planned as given."""
+    """The plan of a RunConfig; a rollout.gpu_memory_utilization set away from its default is planned as given.
+    model.gradient_checkpointing auto is planned as the rule decides it for this budget (a note says why)."""
+    why = None
+    if cfg.model.gradient_checkpointing == "auto":
+        from tinyrl.planner.checkpointing import checkpointing_pays
+
+        on, why = checkpointing_pays(cfg, device, budget, world_size, prompt_tokens)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=on))
+        why = f"model.gradient_checkpointing auto -> {str(on).lower()}: {why}"
     s = setup_from_config(cfg, device, world_size, prompt_tokens)
     util = cfg.rollout.gpu_memory_utilization
     if util == _default_util(cfg):
-        return build(s, budget, budget_label)
-    return build(s, budget, budget_label, util=util, max_num_seqs=s.rows)
+        plan = build(s, budget, budget_label)
+    else:
+        plan = build(s, budget, budget_label, util=util, max_num_seqs=s.rows)
+    if why:
+        plan.notes.append(why)
+    return plan
