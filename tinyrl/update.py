@@ -5,7 +5,7 @@ loss (tinyrl.kernels), so the [rows, T, V] logits never exist. Micro-batch losse
 normalised by the whole batch's totals, so accumulated gradients equal the full-batch
 gradient.
 
-Two ways of doing less work that leave the gradient the same (to fp32 rounding):
+Ways of doing less work that leave the gradient the same (to fp32 rounding):
 
 - rows that cannot matter get no backward. With no KL loss term and no LLDS term, a row whose
   advantages are all 0 has zero gradient: it is left out of the forward and backward, while its
@@ -130,17 +130,17 @@ def _completion_lengths(c_mask: torch.Tensor) -> torch.Tensor:
     return (c_mask * cols).amax(-1).clamp(min=1)
 
 
+BLOCK_MASK_ATTENTION = ("sdpa", "eager")  # take a 4D mask as given: sdpa as booleans, eager as additive floats
+
+
 def _can_pack(trunk, cache) -> bool:
-    """A block mask is honoured by the attention (sdpa and eager take a 4D mask as it is; flash
-    kernels take none) and the cache is plain per-layer key/value tensors that can be laid end to
-    end (no sliding window)."""
+    """A block mask is honoured by the attention (flash kernels take none) and the cache is plain
+    per-layer key/value tensors that can be laid end to end (no sliding window)."""
     from transformers.cache_utils import DynamicLayer
 
-    return (getattr(trunk.config, "_attn_implementation", None) in _BLOCK_MASK_DTYPES
-            and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])))
-
-
-_BLOCK_MASK_DTYPES = {"sdpa": torch.bool, "eager": None}  # None: additive, in the activations' dtype
+    layers = getattr(cache, "layers", None) or [None]  # a cache of another layout: not packed
+    return (getattr(trunk.config, "_attn_implementation", None) in BLOCK_MASK_ATTENTION
+            and all(type(layer) is DynamicLayer for layer in layers))
 
 
 def _packing_pays(config, lengths: torch.Tensor, n_prompts: int, cached: int) -> bool:
@@ -174,8 +174,7 @@ def _packed_rows_hidden(trunk, cache, ids, valid, pos, lengths, row_prompt, cach
     sees_cache = own_prompt & cache_valid.reshape(1, -1).bool()
     sees_row = (row[:, None] == row[None]) & (col[None] <= col[:, None]) & valid[row, col].bool()[None]
     allowed = torch.cat([sees_cache, sees_row], 1)[None, None]
-    dtype = _BLOCK_MASK_DTYPES[trunk.config._attn_implementation]
-    if dtype is None:
+    if trunk.config._attn_implementation == "eager":  # added to the scores: 0 or the dtype's minimum
         act = trunk.get_input_embeddings().weight.dtype
         allowed = torch.zeros(allowed.shape, dtype=act, device=dev).masked_fill(~allowed, torch.finfo(act).min)
     h = trunk(input_ids=ids[row, col][None], attention_mask=allowed, position_ids=pos[row, col][None],
