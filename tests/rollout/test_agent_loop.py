@@ -101,10 +101,13 @@ def test_completion_is_sampled_ids_and_observation_ids_exactly(char_policy):
         model_segs = [s for k, s in segs if k == 0]
         assert all(tuple(s) in sampled for s in model_segs)
         assert len(model_segs) == info["turns"]
-        for k, s in segs:
+        for j, (k, s) in enumerate(segs):
             if k == 1:  # an observation: the tokenised observation text, unchanged
                 text = tok.decode(s)
-                assert text.startswith("<obs") and text.endswith(">")
+                if j == len(segs) - 1 and n >= PARAMS.max_new_tokens:  # the budget cuts the last one short
+                    assert text.startswith("<obs") or "<obs".startswith(text)
+                else:
+                    assert text.startswith("<obs") and text.endswith(">")
         assert (b.loss_mask[i] * b.observation_mask[i]).sum() == 0  # never in the loss
         assert (b.sampling_logprobs[i][b.observation_mask[i].bool()] == 0).all()
         assert info["tool_calls"] <= 3

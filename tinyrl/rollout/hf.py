@@ -148,24 +148,36 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
 
 
 def _draw_per_context(logp: torch.Tensor, top_p: float, gens: list[torch.Generator], owner: torch.Tensor):
-    """One token per row, row j drawn from the generator of its context `owner[j]` (rows are
-    context-major): a context's draws do not depend on the other contexts of the batch."""
-    out = torch.empty(logp.shape[0], dtype=torch.long, device=logp.device)
-    for c in torch.unique_consecutive(owner).tolist():
-        rows = torch.nonzero(owner == c).squeeze(-1).to(logp.device)
-        out[rows] = _draw(logp[rows], top_p, gens[c])
-    return out
+    """One token per row, row j's uniform drawn from the generator of its context `owner[j]` (rows
+    are context-major): a context's draws do not depend on the other contexts of the batch. One
+    vectorised draw for all rows."""
+    ctx, count = torch.unique_consecutive(owner, return_counts=True)
+    u = torch.cat([torch.rand(k, generator=gens[c], device=logp.device) for c, k in zip(ctx.tolist(), count.tolist())])
+    return _invert_cdf(logp, top_p, u)
 
 
 def _draw(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
     """One token per row from exp(logp), nucleus-filtered when top_p < 1."""
+    return _invert_cdf(logp, top_p, torch.rand(logp.shape[0], generator=gen, device=logp.device))
+
+
+def _invert_cdf(logp: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """Row i's token: where its cumulative distribution first passes u[i] (uniform in [0, 1)) of its
+    mass, i.e. a draw from exp(logp[i]), restricted to the nucleus when top_p < 1 (the smallest set
+    of most likely tokens whose mass reaches top_p). One cumsum and one search for every row, where
+    torch.multinomial costs a call per generator."""
     probs = logp.exp()
+    idx = None
     if top_p < 1.0:
-        sorted_p, idx = probs.sort(-1, descending=True)
-        cut = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_p = sorted_p.masked_fill(cut, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        probs, idx = probs.sort(-1, descending=True)
+        probs = probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    over = pick >= probs.shape[-1]  # u * mass rounded up to the mass: the last token with mass
+    if over.any():
+        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)
+        pick = torch.where(over, last, pick)
+    return pick if idx is None else idx.gather(-1, pick[:, None]).squeeze(-1)
 
 
 def decode_cache():
