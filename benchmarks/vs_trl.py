@@ -255,7 +255,8 @@ def scaling_points(quick: bool) -> list[tuple[int, int]]:
     return list(dict.fromkeys(pts))
 
 
-def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print) -> list[dict]:
+def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print, repeats: int = 1) -> list[dict]:
+    """The scaling points, `repeats` A/B pairs each (ratios per pair, as the cases)."""
     model = stand_in_model(root, no_eos=True)
     rows = []
     for i, (g, n) in enumerate(scaling_points(quick)):
@@ -263,7 +264,7 @@ def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print) -
                 "micro_batch": min(SCALING["prompts"] * g, 32)}
         log(f"  scaling G={g} L={n}")
         order = SIDES if i % 2 == 0 else SIDES[::-1]  # A B, B A, ...: drift cancels across points
-        rows.append({"G": g, "L": n, **compare(spec, 1, timeout, order, log)})
+        rows.append({"G": g, "L": n, **compare(spec, repeats, timeout, order, log)})
     return rows
 
 
@@ -319,7 +320,7 @@ def defaults_heading(results: dict) -> str:
 
 
 def scaling_table(rows: list[dict]) -> str:
-    head = (f"{'G':>3} {'L':>4} {'compl':>5}  {'tinyrl s':>8} {'TRL s':>7} {'step x':>6}  "
+    head = (f"{'G':>3} {'L':>4} {'compl':>5}  {'tinyrl s':>8} {'TRL s':>7} {'step x':>6} {'pairs':>11}  "
             f"{'tinyrl RSS':>10} {'TRL RSS':>8} {'RSS x':>5}  {'tinyrl +train':>13} {'TRL +train':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -328,12 +329,19 @@ def scaling_table(rows: list[dict]) -> str:
             lines.append(f"{r['G']:>3} {r['L']:>4} error: {a.get('error') or b.get('error')}")
             continue
         lines.append(f"{r['G']:>3} {r['L']:>4} {a['completions_per_step']:>5.0f}  {a['step_s']:>8.2f} "
-                     f"{b['step_s']:>7.2f} {r['step_ratio']:>6.2f}  {a['peak_rss_mib']:>9.0f}M "
+                     f"{b['step_s']:>7.2f} {r['step_ratio']:>6.2f} {_span(r['step_ratio_range'], r['pairs']):>11}  "
+                     f"{a['peak_rss_mib']:>9.0f}M "
                      f"{b['peak_rss_mib']:>7.0f}M {r['rss_ratio']:>5.2f}  "
                      f"{a['peak_rss_mib'] - a['rss_setup_mib']:>12.0f}M "
                      f"{b['peak_rss_mib'] - b['rss_setup_mib']:>9.0f}M")
-    lines.append("+train: peak RSS minus the RSS just before training (what the training loop itself adds).")
+    lines.append("step x: the median over A/B pairs of each pair's ratio; pairs: their range and count. "
+                 "+train: peak RSS minus the RSS just before training (what the training loop itself adds).")
     return "\n".join(lines)
+
+
+def _span(lo_hi, n: int) -> str:
+    """'0.81-0.93 x2': a range of pair ratios and how many pairs."""
+    return f"{lo_hi[0]:.2f}-{lo_hi[1]:.2f} x{n}"
 
 
 def fairness_notes(results: dict, other: str = "trl") -> str:
@@ -387,7 +395,7 @@ def main(argv=None) -> dict:
             results[name] = compare(spec, repeats, args.timeout, order, log=lambda m: print(m, flush=True))
             notes[name] = note
         scaling = [] if args.no_scaling else run_scaling(root, args.quick, args.threads, args.timeout,
-                                                         log=lambda m: print(m, flush=True))
+                                                         log=lambda m: print(m, flush=True), repeats=repeats)
     print(f"\n== tinyrl vs TRL {_trl_version()} GRPOTrainer ({args.threads} threads, {os.cpu_count()} cores, "
           f"{time.perf_counter() - t0:.0f} s)")
     if results:
