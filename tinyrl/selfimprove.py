@@ -103,10 +103,9 @@ class SelfImprove:
     def __init__(self, cfg, run: RunDir, rationalize: bool):
         from tinyrl.data import load_rows, render_prompt
         from tinyrl.model import load_tokenizer, resolve_model
+        from tinyrl.planner import checkpointing
         from tinyrl.rewards.core import RewardSet
         from tinyrl.rollout.base import SamplingParams
-
-        from tinyrl.planner import checkpointing
 
         cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: decided once, for every round
         self.cfg, self.run, self.rationalize = cfg, run, rationalize
