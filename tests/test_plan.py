@@ -348,10 +348,10 @@ def test_auto_checkpointing_is_on_only_where_the_update_would_not_fit_without_it
     without it does not fit and its peak is the update phase; a run that fits, or whose peak is the
     rollout, stays off (checkpointing would only cost time there)."""
     from tinyrl.planner.checkpointing import checkpointing_pays, resolve
+    from tinyrl.planner.checkpointing import with_checkpointing as with_gc
 
     _, cfg = load_config("qwen2.5-0.5b_grpo_math_gpu", {"model.gradient_checkpointing": "auto",
                                                          "rollout.engine": "hf"})
-    with_gc = lambda c, on: dataclasses.replace(c, model=dataclasses.replace(c.model, gradient_checkpointing=on))  # noqa: E731
     off, on = (plan_config(with_gc(cfg, v), "cuda", 80 * 2**30) for v in (False, True))
     assert off.peak_phase == "update" and on.peak < off.peak
     between = (on.peak + off.peak) // 2

@@ -34,13 +34,18 @@ def device_memory(device: str) -> int:
     return host_memory()
 
 
+def with_checkpointing(cfg, on: bool):
+    """`cfg` with model.gradient_checkpointing set to `on`."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=on))
+
+
 def checkpointing_pays(cfg, device: str, budget: int, world_size: int = 1,
                        prompt_tokens: int | None = None) -> tuple[bool, str]:
     """The rule above for RunConfig `cfg` on `device` with `budget` bytes: (on, why)."""
     from tinyrl.planner.plan import plan_config
 
-    off = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=False))
-    plan = plan_config(off, device, budget, world_size=world_size, prompt_tokens=prompt_tokens)
+    plan = plan_config(with_checkpointing(cfg, False), device, budget, world_size=world_size,
+                       prompt_tokens=prompt_tokens)
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     if plan.fits:
         return False, f"the run fits without it (planned peak {gib(plan.peak)} of {gib(budget)})"
@@ -48,6 +53,16 @@ def checkpointing_pays(cfg, device: str, budget: int, world_size: int = 1,
         return False, (f"the planned peak ({gib(plan.peak)} of {gib(budget)}) is the {plan.peak_phase} phase, "
                        f"which checkpointing does not lower")
     return True, f"without it the update's planned peak is {gib(plan.peak)} of {gib(budget)}"
+
+
+def decide(cfg, device: str, budget: int, world_size: int = 1, prompt_tokens: int | None = None):
+    """(`cfg` with "auto" decided by the rule, the line that says what and why)."""
+    on, why = checkpointing_pays(cfg, device, budget, world_size, prompt_tokens)
+    return with_checkpointing(cfg, on), _line(on, why)
+
+
+def _line(on: bool, why: str) -> str:
+    return f"model.gradient_checkpointing auto -> {str(on).lower()}: {why}"
 
 
 def resolve(cfg, device: str | None = None):
@@ -58,8 +73,8 @@ def resolve(cfg, device: str | None = None):
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        on, why = checkpointing_pays(cfg, device, device_memory(device), int(os.environ.get("WORLD_SIZE", 1)))
+        cfg, line = decide(cfg, device, device_memory(device), int(os.environ.get("WORLD_SIZE", 1)))
     except Exception as e:  # noqa: BLE001 - an unplannable run trains as it would without the rule
-        on, why = False, f"the run could not be planned ({e})"
-    log.info("model.gradient_checkpointing auto -> %s: %s", str(on).lower(), why)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=on))
+        cfg, line = with_checkpointing(cfg, False), _line(False, f"the run could not be planned ({e})")
+    log.info("%s", line)
+    return cfg

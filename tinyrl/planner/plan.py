@@ -286,11 +286,9 @@ def plan_config(cfg, device: str, budget: int, budget_label: str = "", world_siz
     model.gradient_checkpointing auto is planned as the rule decides it for this budget (a note says why)."""
     why = None
     if cfg.model.gradient_checkpointing == "auto":
-        from tinyrl.planner.checkpointing import checkpointing_pays
+        from tinyrl.planner.checkpointing import decide
 
-        on, why = checkpointing_pays(cfg, device, budget, world_size, prompt_tokens)
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=on))
-        why = f"model.gradient_checkpointing auto -> {str(on).lower()}: {why}"
+        cfg, why = decide(cfg, device, budget, world_size, prompt_tokens)
     s = setup_from_config(cfg, device, world_size, prompt_tokens)
     util = cfg.rollout.gpu_memory_utilization
     if util == _default_util(cfg):
