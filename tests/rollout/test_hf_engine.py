@@ -178,3 +178,27 @@ def test_growing_decode_cache_draws_what_the_plain_cache_draws(policy, monkeypat
 
 class NoEosTokenizer(CountingTokenizer):
     eos_token_id = -1
+
+
+@pytest.mark.parametrize("head", ["lora", "bias", "bf16"])
+def test_decode_vocab_projection_is_the_lm_head(tiny_model_dir, head):
+    """The decode loop's logits: (W h^T)^T for an fp32 head (a LoRA on the head folded in once,
+    the bias added), F.linear for other dtypes; the same logits as the head module's forward."""
+    from tinyrl.rollout.hf import _vocab_projection
+
+    torch.manual_seed(0)
+    if head == "lora":  # a trained adapter on the head itself: a non-zero delta to fold
+        model, _ = load_policy(ModelConfig(name=tiny_model_dir), LoraConfig(r=4, alpha=8, target_modules=["lm_head"]))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.data.normal_(0, 0.1)
+        module = model.get_output_embeddings()
+    else:
+        module = torch.nn.Linear(16, 50, bias=True).to(torch.float32 if head == "bias" else torch.bfloat16)
+        model = type("M", (), {"get_output_embeddings": lambda self: module})()
+    dtype = next(module.parameters()).dtype
+    h = torch.randn(5, module.in_features, dtype=dtype)
+    with torch.no_grad():
+        want, got = module(h), _vocab_projection(model)(h)
+    assert got.shape == want.shape and got.is_contiguous()
+    assert torch.allclose(got.float(), want.float(), atol=1e-5 if dtype == torch.float32 else 1e-2)
