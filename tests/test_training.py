@@ -197,3 +197,25 @@ def test_run_folder_contents(tiny_model_dir, run_root):
     samples = [json.loads(x) for x in (run.path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
     assert run.eval_before is not None and run.eval_after is not None
+
+
+def test_qlora_load_lets_go_of_the_weight_file(tiny_model_dir):
+    """A 4-bit load keeps no view into the safetensors memory map (its unquantized embeddings and
+    norms get memory of their own), so the file's pages stop counting as resident; tied weights
+    stay one tensor. Linux: reads /proc/self/maps."""
+    from pathlib import Path
+
+    from tinyrl.config import ModelConfig
+    from tinyrl.model import load_base_model, resolve_model
+
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("reads /proc/self/maps (Linux)")
+    model = load_base_model(ModelConfig(name=tiny_model_dir, load_in_4bit=True), resolve_model(tiny_model_dir))
+    maps = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+    spans = [tuple(int(x, 16) for x in m[0].split("-")) for m in maps
+             if len(m) > 5 and m[5].startswith(str(Path(tiny_model_dir).resolve())) and m[5].endswith(".safetensors")]
+    inside = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
+              if any(a <= t.untyped_storage().data_ptr() < b for a, b in spans)]
+    assert inside == []
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == bool(model.config.tie_word_embeddings)

@@ -15,8 +15,11 @@ at load), LoRA target modules the model does not have, a missing or corrupt adap
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import importlib.util
 import inspect
+import itertools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -154,6 +157,7 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
     model.config.use_cache = False
     if cfg_model.load_in_4bit:
         keep_4bit_weights_trainable(model)
+        release_weight_file(model)
     return model
 
 
@@ -202,6 +206,36 @@ def check_target_modules(model, target_modules) -> None:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ModelLoadError(f"lora.target_modules: {unknown} are not modules of this model; "
                              f"its linear layers are {linear} (or use 'all-linear')")
+
+
+def release_weight_file(model) -> int:
+    """Give a 4-bit model's unquantized CPU weights memory of their own; returns the bytes copied.
+
+    From safetensors, transformers hands out tensors that are views into the file's memory map
+    (no copy), and the weights left unquantized (embeddings, norms) stay such views. One view keeps
+    the whole map alive, and every page the quantizer read stays resident: SmolLM2-135M's 540 MB
+    fp32 file held 513 MiB of RSS beside 162 MiB of 4-bit weights. Copies let the map go; glibc's
+    `malloc_trim` then hands the loader's freed heap (~180 MiB there) back to the system. A model
+    loaded without quantization keeps its views: there they are the weights, not a second copy."""
+    import torch
+
+    copied = 0
+    with torch.no_grad():
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            if t.device.type == "cpu" and t.is_floating_point() and t.dtype.itemsize > 1:
+                t.data = t.data.clone()
+                copied += t.numel() * t.element_size()
+    gc.collect()
+    _malloc_trim()
+    return copied
+
+
+def _malloc_trim() -> None:
+    """glibc: return freed heap pages to the system (elsewhere, nothing to do)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def keep_4bit_weights_trainable(model) -> int:
