@@ -1,5 +1,7 @@
 """The transformers engine: shapes, groups, one encode per prompt, logprobs, stops, budgets, seeding."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -202,3 +204,38 @@ def test_decode_vocab_projection_is_the_lm_head(tiny_model_dir, head):
         want, got = module(h), _vocab_projection(model)(h)
     assert got.shape == want.shape and got.is_contiguous()
     assert torch.allclose(got.float(), want.float(), atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_dir, monkeypatch):
+    """The decode loop runs each LoRA linear as one matmul over W + dW: the same draws and logprobs
+    (to fp32 rounding) as peft's forward, the base weights bit-for-bit as before, peft's forward
+    back afterwards. DoRA modules keep peft's forward."""
+    import tinyrl.rollout.hf as hf
+    from tinyrl.model import merged_lora_linears
+
+    model, tok = load_policy(ModelConfig(name=tiny_model_dir), LoraConfig(r=4, alpha=8, target_modules="all-linear"))
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.2)  # a trained adapter: dW != 0
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    ctx = [tok(x, add_special_tokens=False)["input_ids"] for x in PROMPTS]
+    p = SamplingParams(max_new_tokens=12, stream=0)
+    merged = HFEngine(model, tok, seed=3).sample(ctx, p, n=3)
+    with merged_lora_linears(model) as n_swapped:
+        assert n_swapped == sum(1 for n, _ in model.named_modules() if n.endswith("proj"))
+    assert not any("forward" in vars(m) for m in model.modules())
+    monkeypatch.setattr(hf, "merged_lora_linears", lambda m: contextlib.nullcontext(0))
+    plain = HFEngine(model, tok, seed=3).sample(ctx, p, n=3)
+    for a, b in zip(sum(merged, []), sum(plain, [])):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if "lora_" not in n)
+    import peft
+
+    from tinyrl.model import load_base_model, resolve_model
+
+    base_model = load_base_model(ModelConfig(name=tiny_model_dir), resolve_model(tiny_model_dir))
+    dora = peft.get_peft_model(base_model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=True))
+    with merged_lora_linears(dora) as n_swapped:
+        assert n_swapped == 0

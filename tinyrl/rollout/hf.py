@@ -9,7 +9,8 @@ the live rows, the lm_head on their last position only, one log-softmax (the rec
 and the sampling distribution are the same tensor), a draw from a seeded generator, and drops
 finished rows from the batch and the KV cache, so short answers stop costing compute.
 
-Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
+Every LoRA-adapted linear decodes as one matmul over W + dW (`model.merged_lora_linears`, rebuilt
+each call from the current adapter; the base weights are not touched). Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
 repeated n times (prompt-major rows), then decoding starts from each context's last token.
 When the caller names a stream (`params.stream`; the trainer: the prompt's position in the run's
 prompt stream), context i samples from its own generator seeded by (`seed`, stream + i), so a prompt
@@ -24,6 +25,7 @@ import functools
 
 import torch
 
+from tinyrl.model import merged_lora_linears
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
 
 
@@ -53,7 +55,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy, gens)
+            with merged_lora_linears(self.model):
+                rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy, gens)
         finally:
             self.model.train(was_training)
         return [rows[i * n:(i + 1) * n] for i in range(len(contexts))]
