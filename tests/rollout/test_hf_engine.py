@@ -236,6 +236,7 @@ def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_d
     from tinyrl.model import load_base_model, resolve_model
 
     base_model = load_base_model(ModelConfig(name=tiny_model_dir), resolve_model(tiny_model_dir))
-    dora = peft.get_peft_model(base_model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=True))
+    dora = peft.get_peft_model(base_model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                           use_dora=True))
     with merged_lora_linears(dora) as n_swapped:
         assert n_swapped == 0

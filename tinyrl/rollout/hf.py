@@ -10,7 +10,9 @@ and the sampling distribution are the same tensor), a draw from a seeded generat
 finished rows from the batch and the KV cache, so short answers stop costing compute.
 
 Every LoRA-adapted linear decodes as one matmul over W + dW (`model.merged_lora_linears`, rebuilt
-each call from the current adapter; the base weights are not touched). Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
+each call from the current adapter; the base weights are not touched).
+
+Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
 repeated n times (prompt-major rows), then decoding starts from each context's last token.
 When the caller names a stream (`params.stream`; the trainer: the prompt's position in the run's
 prompt stream), context i samples from its own generator seeded by (`seed`, stream + i), so a prompt
@@ -25,7 +27,7 @@ import functools
 
 import torch
 
-from tinyrl.model import merged_lora_linears
+from tinyrl.model import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prefix_cache, trunk_of
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
 
 
@@ -56,7 +58,8 @@ class HFEngine:
         self.model.eval()
         try:
             with merged_lora_linears(self.model):
-                rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy, gens)
+                rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy,
+                               gens)
         finally:
             self.model.train(was_training)
         return [rows[i * n:(i + 1) * n] for i in range(len(contexts))]
@@ -81,8 +84,6 @@ class HFEngine:
 def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
     """KV cache of each context but its last token, repeated n times; (cache, attention mask, last
     tokens [R, 1], their positions [R]) for R = len(contexts) * n rows. Left padding."""
-    from tinyrl.model import prefix_cache
-
     L = max(len(c) for c in contexts)
     ids = torch.full((len(contexts), L), tok.pad_token_id, dtype=torch.long)
     attn = torch.zeros((len(contexts), L), dtype=torch.long)
@@ -99,8 +100,6 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
 
 
 def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: bool, gens) -> list[Sample]:
-    from tinyrl.model import cache_kwarg, trunk_of
-
     trunk, head = trunk_of(model), _vocab_projection(model)
     device = next(model.parameters()).device
     cache, attn, cur, pos = _prefill(trunk, tok, contexts, n, device)
@@ -154,10 +153,8 @@ def _vocab_projection(model):
     """hidden [R, H] -> logits [R, V] for the decode loop: the lm_head, its LoRA delta (if any) folded
     in once per call rather than per token. An fp32 head on the CPU runs as (W h^T)^T: for a decode
     step's few rows MKL's sgemm is faster on [V, H] x [H, R] than on the [R, H] x [H, V] product
-    F.linear issues (SmolLM2-135M, R = 8: 12-16 ms vs 16-20 ms a token, rollout 0.87x); in bf16 the
+    F.linear issues (SmolLM2-135M, R = 8: 12-16 ms vs 16-20 ms a token, rollout 0.85-0.92x); in bf16 the
     two are even, so other dtypes and devices keep F.linear. Same dot products either way."""
-    from tinyrl.model import lm_head_of, output_projection
-
     try:
         weight, bias = output_projection(model)
     except NotImplementedError:  # a DoRA head: its module's own forward
