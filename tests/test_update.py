@@ -181,3 +181,25 @@ def test_rows_are_packed_where_the_padding_costs_more_than_the_block_mask():
     # many long rows of a small model: the packed attention (quadratic in all the rows' tokens) costs more
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
     assert not _packing_pays(tiny, torch.tensor([128] * 15 + [100]), n_prompts=4, cached=30)
+
+
+def test_scoring_with_merged_lora_matches_peft_forward(tiny_model_dir, run_root, monkeypatch):
+    """No-grad scoring runs each LoRA linear as one matmul over W + dW: the logprobs and entropies
+    of peft's own forward (to fp32 rounding), for a non-zero adapter; the reference is the base."""
+    import contextlib
+
+    import tinyrl.update as update
+
+    t = trainer(tiny_model_dir, run_root)
+    with torch.no_grad():
+        for n, p in t.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    batch, _ = t.collect_batch()
+    merged, ref = t._score(batch), t._score(batch, reference=True)
+    monkeypatch.setattr(update, "merged_lora_linears", lambda m: contextlib.nullcontext(0))
+    plain = t._score(batch)
+    m = batch.action_mask.bool()
+    assert torch.allclose(merged.logprobs[m], plain.logprobs[m], atol=1e-5)
+    assert torch.allclose(merged.entropy[m], plain.entropy[m], atol=1e-5)
+    assert not torch.allclose(merged.logprobs[m], ref.logprobs[m], atol=1e-3)  # the adapter really acts

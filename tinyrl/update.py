@@ -25,7 +25,6 @@ Ways of doing less work that leave the gradient the same (to fp32 rounding):
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -33,8 +32,8 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
-from tinyrl.model import (cache_kwarg, caches_under_autograd, output_projection, positions, prefix_cache,
-                          reference_context, trunk_of)
+from tinyrl.model import (cache_kwarg, caches_under_autograd, merged_lora_linears, output_projection, positions,
+                          prefix_cache, reference_context, trunk_of)
 from tinyrl.rollout.base import Rollouts
 
 
@@ -197,7 +196,8 @@ def score(model, batch: Rollouts, temperature: float, micro_batch: int, chunk_si
     logp_out, ent_out = torch.zeros(N, T), torch.zeros(N, T)
     rows = torch.arange(N) if rows is None else rows
     action = batch.action_mask
-    with reference_context(model) if reference else contextlib.nullcontext():
+    # no grad: each LoRA linear as one matmul over W + dW (the reference: adapter off, nothing to merge)
+    with reference_context(model) if reference else merged_lora_linears(model):
         weight, bias = output_projection(model)  # inside the context: no adapter for the reference
         for mb in micro_batches(batch, rows, micro_batch):
             h = completion_hidden(model, batch, mb)
