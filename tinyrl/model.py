@@ -400,10 +400,25 @@ def output_projection(model):
     return weight, getattr(base, "bias", None)
 
 
+MERGE_SHARE = 8  # the merged copies may take up to 1/8 of the machine's RAM
+
+
+def merge_budget(device) -> int:
+    """Bytes `merged_lora_linears` may spend on W + dW copies on `device`: on a CPU, an eighth of
+    the RAM (a fixed share of the machine, so the same run merges the same modules every time); on
+    a GPU none, since the card's memory plan (`tinyrl plan`) has no room for a copy, and a GPU's
+    per-module cost is a kernel launch, not the CPU's Python."""
+    from tinyrl.planner.gpus import host_memory
+
+    return host_memory() // MERGE_SHARE if getattr(device, "type", device) == "cpu" else 0
+
+
 @contextlib.contextmanager
-def merged_lora_linears(model):
-    """Inside: every LoRA-adapted float `nn.Linear` of `model` runs as one F.linear over W + dW (its
-    active adapters' deltas, computed on entry under no_grad, dropped on exit); yields how many.
+def merged_lora_linears(model, budget: int | None = None):
+    """Inside: the LoRA-adapted float `nn.Linear`s of `model` run as one F.linear over W + dW (their
+    active adapters' deltas, computed on entry under no_grad, dropped on exit), module by module
+    while the copies fit in `budget` bytes (default: `merge_budget` of the model's device); yields
+    how many.
 
     For decoding, where the adapter's two extra matmuls, its module calls and peft's Python per
     token cost more than the [out, in] copy: rollout 0.72x on the tiny-arith shape with LoRA on
@@ -415,13 +430,19 @@ def merged_lora_linears(model):
     import torch
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    swapped = []
+    if budget is None:
+        budget = merge_budget(next(model.parameters()).device)
+    swapped, used = [], 0
     try:
         with torch.no_grad():
             for mod in model.modules():
                 if not isinstance(mod, LoraLinear) or not _mergeable(mod):
                     continue
                 base = mod.base_layer
+                size = base.weight.numel() * base.weight.element_size()
+                if used + size > budget:
+                    continue
+                used += size
                 weight = base.weight
                 for name in mod.active_adapters:
                     if name in mod.lora_A:

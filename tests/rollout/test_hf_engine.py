@@ -209,9 +209,10 @@ def test_decode_vocab_projection_is_the_lm_head(tiny_model_dir, head):
 def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_dir, monkeypatch):
     """The decode loop runs each LoRA linear as one matmul over W + dW: the same draws and logprobs
     (to fp32 rounding) as peft's forward, the base weights bit-for-bit as before, peft's forward
-    back afterwards. DoRA modules keep peft's forward."""
+    back afterwards; the copies stay within the byte budget (none on a GPU). DoRA modules keep
+    peft's forward."""
     import tinyrl.rollout.hf as hf
-    from tinyrl.model import merged_lora_linears
+    from tinyrl.model import merge_budget, merged_lora_linears
 
     model, tok = load_policy(ModelConfig(name=tiny_model_dir), LoraConfig(r=4, alpha=8, target_modules="all-linear"))
     torch.manual_seed(0)
@@ -225,6 +226,11 @@ def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_d
     with merged_lora_linears(model) as n_swapped:
         assert n_swapped == sum(1 for n, _ in model.named_modules() if n.endswith("proj"))
     assert not any("forward" in vars(m) for m in model.modules())
+    first = next(m for n, m in model.named_modules() if n.endswith("proj")).base_layer.weight
+    for budget, want in ((0, 0), (first.numel() * first.element_size(), 1)):  # the copies stay in budget
+        with merged_lora_linears(model, budget=budget) as n_swapped:
+            assert n_swapped == want
+    assert merge_budget(torch.device("cpu")) > 0 and merge_budget(torch.device("cuda")) == 0
     monkeypatch.setattr(hf, "merged_lora_linears", lambda m: contextlib.nullcontext(0))
     plain = HFEngine(model, tok, seed=3).sample(ctx, p, n=3)
     for a, b in zip(sum(merged, []), sum(plain, [])):

@@ -9,8 +9,9 @@ the live rows, the lm_head on their last position only, one log-softmax (the rec
 and the sampling distribution are the same tensor), a draw from a seeded generator, and drops
 finished rows from the batch and the KV cache, so short answers stop costing compute.
 
-Every LoRA-adapted linear decodes as one matmul over W + dW (`model.merged_lora_linears`, rebuilt
-each call from the current adapter; the base weights are not touched).
+On a CPU the LoRA-adapted linears decode as one matmul over W + dW each (`model.merged_lora_linears`,
+rebuilt each call from the current adapter, copies within an eighth of the RAM; the base weights
+are not touched).
 
 Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
 repeated n times (prompt-major rows), then decoding starts from each context's last token.
