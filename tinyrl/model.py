@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import itertools
 import logging
+import math
 import warnings
 from dataclasses import dataclass
 from importlib import resources
@@ -414,7 +415,7 @@ def merge_budget(device) -> int:
 
 
 @contextlib.contextmanager
-def merged_lora_linears(model, budget: int | None = None):
+def merged_lora_linears(model, budget: int | None = None, dequantize: bool = False):
     """Inside: the LoRA-adapted float `nn.Linear`s of `model` run as one F.linear over W + dW (their
     active adapters' deltas, computed on entry under no_grad, dropped on exit), module by module
     while the copies fit in `budget` bytes (default: `merge_budget` of the model's device); yields
@@ -425,30 +426,51 @@ def merged_lora_linears(model, budget: int | None = None):
     every linear, 0.92x on SmolLM2-135M with LoRA on attention (A/B pairs). Same function up to
     fp32 rounding. The base weights are never written (peft's merge() adds dW in place and
     unmerge() subtracts it, leaving rounding in the frozen base, which is also the reference
-    policy). Left to peft's own forward: 4-bit bases (dW would need a dequantised copy), LoRA
-    variants (DoRA), a LoRA bias, and modules whose adapters are disabled or merged."""
+    policy). Left to peft's own forward: LoRA variants (DoRA), a LoRA bias, and modules whose
+    adapters are disabled or merged.
+
+    `dequantize=True` (the decode loop): 4-bit linears too, LoRA-adapted (dequantised W + dW) or
+    bare (dequantised W). bitsandbytes' matmul on a CPU dequantises the whole weight on every call
+    and then runs F.linear over it (`gemm_4bit`'s default implementation), so a decode loop pays
+    that once per token per module; the copy pays it once per call (SmolLM2-135M QLoRA rollout:
+    benchmarks/README.md). The same dequantisation and the same F.linear: the same numbers. Only
+    where the module computes in the dtype it was quantised from and the model's activations
+    have (else bitsandbytes' casts would round differently)."""
     import torch
-    from peft.tuners.lora.layer import Linear as LoraLinear
+    from peft.tuners.lora.layer import LoraLayer
 
     if budget is None:
         budget = merge_budget(next(model.parameters()).device)
-    swapped, used = [], 0
+    act = model.get_input_embeddings().weight.dtype
+    swapped, used, covered = [], 0, set()
     try:
         with torch.no_grad():
             for mod in model.modules():
-                if not isinstance(mod, LoraLinear) or not _mergeable(mod):
+                if id(mod) in covered:
                     continue
-                base = mod.base_layer
-                size = base.weight.numel() * base.weight.element_size()
+                lora = isinstance(mod, LoraLayer)  # peft's float Linear and its bitsandbytes Linear4bit
+                base = mod.base_layer if lora else mod
+                if lora and not _mergeable(mod):
+                    continue
+                if type(base) is torch.nn.Linear and base.weight.is_floating_point() and lora:
+                    dense = base.weight
+                elif dequantize and _dequantizable(base, act):
+                    dense = None
+                else:
+                    continue
+                size = base.weight.numel() * base.weight.element_size() if dense is not None else \
+                    math.prod(base.weight.quant_state.shape) * act.itemsize
                 if used + size > budget:
                     continue
                 used += size
-                weight = base.weight
-                for name in mod.active_adapters:
+                weight = dense if dense is not None else _dequantized(base)
+                for name in (mod.active_adapters if lora else ()):
                     if name in mod.lora_A:
                         weight = weight + mod.get_delta_weight(name).to(weight.dtype)
-                mod.forward = functools.partial(torch.nn.functional.linear, weight=weight, bias=base.bias)
+                bias = None if base.bias is None else base.bias.to(weight.dtype)
+                mod.forward = functools.partial(torch.nn.functional.linear, weight=weight, bias=bias)
                 swapped.append(mod)
+                covered.add(id(base))
         yield len(swapped)
     finally:
         for mod in swapped:
@@ -456,13 +478,24 @@ def merged_lora_linears(model, budget: int | None = None):
 
 
 def _mergeable(mod) -> bool:
-    import torch
-
-    base = mod.base_layer
+    """A peft LoRA linear whose active adapters are plain LoRA deltas (no variant, no bias, enabled)."""
     active = [n for n in mod.active_adapters if n in mod.lora_A]
-    return (type(base) is torch.nn.Linear and base.weight.is_floating_point() and not mod.disable_adapters
-            and not mod.merged and not any(n in mod.lora_variant for n in active)
+    return (not mod.disable_adapters and not mod.merged and not any(n in mod.lora_variant for n in active)
             and not any(getattr(mod, "lora_bias", {}).get(n, False) for n in active))
+
+
+def _dequantizable(mod, act) -> bool:
+    """A bitsandbytes 4-bit linear that computes in `act`, the dtype it was quantised from."""
+    state = getattr(getattr(mod, "weight", None), "quant_state", None)
+    return (state is not None and state.dtype == act and getattr(mod, "compute_dtype", None) in (None, act)
+            and not getattr(state, "packing_format_for_cpu", False))
+
+
+def _dequantized(mod):
+    """The float weight [out, in] a 4-bit linear multiplies by (bitsandbytes' own dequantisation)."""
+    import bitsandbytes.functional as bnbf
+
+    return bnbf.dequantize_4bit(mod.weight.data, mod.weight.quant_state)
 
 
 def trunk_of(model):

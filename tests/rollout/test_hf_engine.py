@@ -231,7 +231,7 @@ def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_d
         with merged_lora_linears(model, budget=budget) as n_swapped:
             assert n_swapped == want
     assert merge_budget(torch.device("cpu")) > 0 and merge_budget(torch.device("cuda")) == 0
-    monkeypatch.setattr(hf, "merged_lora_linears", lambda m: contextlib.nullcontext(0))
+    monkeypatch.setattr(hf, "merged_lora_linears", lambda m, **kw: contextlib.nullcontext(0))
     plain = HFEngine(model, tok, seed=3).sample(ctx, p, n=3)
     for a, b in zip(sum(merged, []), sum(plain, [])):
         assert a.token_ids == b.token_ids

@@ -30,6 +30,7 @@ import torch
 
 from tinyrl.model import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prefix_cache, trunk_of
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
+from tinyrl.rollout.decode_step import DecodeStep
 
 
 class HFEngine:
@@ -58,7 +59,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with merged_lora_linears(self.model):
+            with merged_lora_linears(self.model, dequantize=True):
                 rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy,
                                gens)
         finally:
@@ -111,12 +112,11 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
     live = torch.arange(R)  # original row of each row still in the batch
     left = budget.clone()
     stops = StopStrings(tok, params.stop)
-    kw = cache_kwarg(trunk)
+    step = _step_function(trunk, device)
     temperature = 1.0 if greedy else params.temperature
     while live.numel() and int(left.max()) > 0:
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-        h = trunk(input_ids=cur, attention_mask=attn, position_ids=pos[:, None], use_cache=True,
-                  **{kw: cache}).last_hidden_state[:, -1]
+        h = step(cur, attn, pos, cache)
         logp = torch.log_softmax(head(h).float() / temperature, -1)
         if greedy:
             nxt = logp.argmax(-1)
@@ -148,6 +148,23 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
             live, left, attn, nxt, pos = live[keep], left[keep], attn[keep.to(device)], nxt[keep.to(device)], pos[keep.to(device)]
         cur, pos = nxt[:, None], pos + 1
     return [Sample(out_ids[r], out_lp[r], finish[r]) for r in range(R)]
+
+
+def _step_function(trunk, device):
+    """(cur [R, 1], attn, pos [R], cache) -> last hidden states [R, H] of one decode step. On a CPU, a
+    Llama-shaped stack runs as `DecodeStep` (the same arithmetic without transformers' per-call
+    machinery: SmolLM2-135M, 8 rows, measured in the rollout-step table of benchmarks/README.md);
+    elsewhere, and for any other architecture, the model's own forward."""
+    fast = DecodeStep.of(trunk) if torch.device(device).type == "cpu" else None
+    if fast is not None:
+        return fast
+    kw = cache_kwarg(trunk)
+
+    def forward(cur, attn, pos, cache):
+        return trunk(input_ids=cur, attention_mask=attn, position_ids=pos[:, None], use_cache=True,
+                     **{kw: cache}).last_hidden_state[:, -1]
+
+    return forward
 
 
 def _vocab_projection(model):
