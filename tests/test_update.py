@@ -10,7 +10,7 @@ import torch
 
 from tinyrl.algo.losses import BatchTotals, policy_loss
 from tinyrl.api import build_trainer
-from tinyrl.model import trunk_of
+from tinyrl.model import MIN_SHARED_PREFIX, common_prefix_length, trunk_of
 from tinyrl.update import completion_hidden, micro_batches, policy_update, rows_to_compute
 
 
@@ -111,20 +111,39 @@ def test_micro_batches_are_cut_to_their_own_widths():
     assert [(mb.prompt_start, mb.completion_end) for mb in mbs] == [(0, 4), (2, 1)]
 
 
-@pytest.mark.parametrize("checkpointing, pack, attn", [(False, False, "sdpa"), (False, True, "sdpa"),
-                                                     (False, True, "eager"), (True, None, "sdpa")],
-                         ids=["shared", "shared-packed", "shared-packed-eager", "checkpointed"])
+def with_preamble(batch, preamble: list[int]):
+    """The batch with `preamble` before every prompt (left padding redone), as a chat template's
+    system prompt opens every prompt of a real batch."""
+    real = [batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist() for i in range(batch.num_rows)]
+    width = len(preamble) + max(map(len, real))
+    ids, mask = torch.zeros(batch.num_rows, width, dtype=torch.long), torch.zeros(batch.num_rows, width, dtype=torch.long)
+    for i, r in enumerate(real):
+        ids[i, width - len(preamble) - len(r):] = torch.tensor(preamble + r)
+        mask[i, width - len(preamble) - len(r):] = 1
+    batch.prompt_ids, batch.prompt_mask = ids, mask.to(batch.prompt_mask.dtype)
+    return batch
+
+
+@pytest.mark.parametrize("checkpointing, pack, attn, preamble",
+                         [(False, False, "sdpa", 0), (False, True, "sdpa", 0), (False, True, "eager", 0),
+                          (True, None, "sdpa", 0), (False, False, "sdpa", 20), (False, True, "sdpa", 20),
+                          (False, True, "eager", 20)],
+                         ids=["shared", "shared-packed", "shared-packed-eager", "checkpointed", "prefix",
+                              "prefix-packed", "prefix-packed-eager"])
 def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, checkpointing, pack,
-                                                                    attn):
+                                                                    attn, preamble):
     """A group's rows share their prompt's KV cache (its graph kept): the hidden states and the
     gradients of every full row, for a G-th of the prompt tokens; packed, for only the rows' real
     tokens (no padding; sdpa takes the block mask as booleans, eager as an additive float mask).
+    Prompts that open alike (a 20-token preamble) read that common prefix once for all of them.
     Gradient checkpointing drops a training forward's cache, so there every row runs in full (same
     result)."""
     t = trainer(tiny_model_dir, run_root, **{"model.gradient_checkpointing": checkpointing})
     t.model.set_attn_implementation(attn)
     t.train_step()  # a non-zero adapter: the prompt positions' K/V depend on it
     batch, _ = t.collect_batch()
+    if preamble:
+        batch = with_preamble(batch, [3 + i % 10 for i in range(preamble)])
     trunk = trunk_of(t.model)
     assert trunk.config._attn_implementation == attn
     mb = micro_batches(batch, torch.arange(batch.num_rows), batch.num_rows)[0]  # every prompt G times
@@ -164,8 +183,13 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
     if checkpointing:
         assert tokens == [n_rows * (P + t1)]
     else:  # each distinct prompt but its last token once, then each row's last prompt token and completion
-        assert n_prompts < n_rows and tokens == [n_prompts * (P - 1), real if pack else n_rows * t1]
-        assert real < n_rows * t1  # there was padding to leave out
+        rows_part = real if pack else n_rows * t1
+        c = common_prefix_length(batch.prompt_ids[:, mb.prompt_start:-1], batch.prompt_mask[:, mb.prompt_start:-1])
+        if preamble:  # the common prefix once, then each distinct prompt's rest
+            assert c >= preamble and tokens == [c, n_prompts * (P - 1 - c), rows_part]
+        else:
+            assert c * (n_prompts - 1) < MIN_SHARED_PREFIX and tokens == [n_prompts * (P - 1), rows_part]
+        assert n_prompts < n_rows and real < n_rows * t1  # there was padding to leave out
 
 
 def test_rows_are_packed_where_the_padding_costs_more_than_the_block_mask():

@@ -529,6 +529,59 @@ def prefix_cache(trunk, ids, mask, cache=None):
     return cache
 
 
+MIN_SHARED_PREFIX = 16  # tokens of work a common prefix must save to pay for its extra decoder call
+
+
+def prompt_cache(trunk, ids, mask, cache=None):
+    """The KV cache of left-padded token rows `ids` [k, L] (mask [k, L]) and the mask of its columns.
+
+    Rows that open with the same tokens (a chat template's system prompt, a few-shot preamble, an
+    agent's tool list) read them once: that common prefix runs as one row whose keys and values are
+    repeated for every row (under autograd its graph gathers every row's gradient), then each row
+    runs the rest of its tokens after it, left-padded. Each row's cache then reads [prefix | padding
+    | rest] instead of [padding | prefix | rest]: the same keys and values at the same positions
+    (position ids count real tokens), with the padding moved, so attention must use the returned
+    column mask, not `mask`. Where the prefix saves fewer than MIN_SHARED_PREFIX tokens of work,
+    `prefix_cache` as it is, with `mask`."""
+    import torch
+
+    k, L = ids.shape
+    lengths = mask.sum(-1)
+    c = common_prefix_length(ids, mask)
+    if c * (k - 1) < MIN_SHARED_PREFIX:
+        return prefix_cache(trunk, ids, mask, cache), mask
+    first = ids[0, L - int(lengths[0]):][:c][None]
+    cache = prefix_cache(trunk, first, torch.ones_like(first), cache)
+    cache.batch_repeat_interleave(k)
+    rest = lengths - c
+    r = int(rest.max())
+    cols = torch.cat([torch.ones(k, c, dtype=mask.dtype, device=mask.device),
+                      (torch.arange(r, device=mask.device)[None] >= (r - rest)[:, None]).to(mask.dtype)], 1)
+    if r:
+        trunk(input_ids=ids[:, L - r:], attention_mask=cols, position_ids=positions(cols)[:, c:], use_cache=True,
+              **{cache_kwarg(trunk): cache})
+    return cache, cols
+
+
+def common_prefix_length(ids, mask) -> int:
+    """How many leading real tokens every left-padded row of `ids` shares.
+
+    >>> import torch
+    >>> common_prefix_length(torch.tensor([[0, 5, 6, 7], [5, 6, 8, 9]]), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    2
+    """
+    import torch
+
+    lengths = mask.sum(-1)
+    shortest = int(lengths.min())
+    if ids.shape[0] < 2 or shortest == 0:
+        return 0
+    start = ids.shape[1] - lengths
+    aligned = ids.gather(1, start[:, None] + torch.arange(shortest, device=ids.device)[None])
+    same = (aligned == aligned[:1]).all(0)
+    return int(same.long().cumprod(0).sum())
+
+
 def caches_under_autograd(trunk) -> bool:
     """Whether a forward of `trunk` right now keeps a KV cache it is given, and its graph. transformers
     drops the cache in a gradient-checkpointed training forward (the backward replay would write it

@@ -33,7 +33,7 @@ import torch
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
 from tinyrl.model import (cache_kwarg, caches_under_autograd, merged_lora_linears, output_projection, positions,
-                          prefix_cache, reference_context, trunk_of)
+                          prompt_cache, reference_context, trunk_of)
 from tinyrl.rollout.base import Rollouts
 
 
@@ -108,16 +108,15 @@ def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, r
     """completion_hidden with one KV cache per distinct prompt (`row_prompt`: each row's prompt index)."""
     one = torch.empty(n_prompts, dtype=torch.long, device=p_ids.device)
     one[row_prompt] = torch.arange(p_ids.shape[0], device=p_ids.device)  # a row of each distinct prompt
-    cache = prefix_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])
+    cache, cols = prompt_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])  # cols: the cache's real columns
     ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
-    attn = torch.cat([p_mask, c_mask[:, :-1]], 1)  # the prompt (cached + last token) and those tokens
-    pos = positions(attn)[:, -c_ids.shape[1]:]
+    attn = torch.cat([cols[row_prompt], p_mask[:, -1:], c_mask[:, :-1]], 1)  # the prompt (cached + last token)
+    pos = positions(attn)[:, -c_ids.shape[1]:]                                # and those tokens
     lengths = _completion_lengths(c_mask)
     if pack is None:
-        pack = _can_pack(trunk, cache) and _packing_pays(trunk.config, lengths, n_prompts, p_ids.shape[1] - 1)
+        pack = _can_pack(trunk, cache) and _packing_pays(trunk.config, lengths, n_prompts, cols.shape[1])
     if pack:
-        return _packed_rows_hidden(trunk, cache, ids, attn[:, -ids.shape[1]:], pos, lengths, row_prompt,
-                                   p_mask[one, :-1])
+        return _packed_rows_hidden(trunk, cache, ids, attn[:, -ids.shape[1]:], pos, lengths, row_prompt, cols)
     cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
     return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                  **{cache_kwarg(trunk): cache}).last_hidden_state

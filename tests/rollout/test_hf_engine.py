@@ -246,3 +246,32 @@ def test_rollout_decodes_with_merged_lora_and_leaves_the_base_alone(tiny_model_d
                                                            use_dora=True))
     with merged_lora_linears(dora) as n_swapped:
         assert n_swapped == 0
+
+
+@pytest.mark.parametrize("written_out", [True, False], ids=["decode-step", "model-forward"])
+def test_contexts_that_open_alike_prefill_their_common_prefix_once(policy, monkeypatch, written_out):
+    """Contexts sharing a preamble (a chat template's system prompt) prefill it once, then each its
+    own rest: the cache holds [prefix | padding | rest] with its mask moved to match, and the draws
+    and logprobs are those of a plain left-padded prefill, through the written-out decode step and
+    through the model's own forward alike."""
+    import tinyrl.model as model_mod
+    import tinyrl.rollout.hf as hf
+
+    model, tok = policy
+    if not written_out:
+        monkeypatch.setattr(hf.DecodeStep, "of", classmethod(lambda cls, trunk: None))
+    preamble = tok("12+34=46\n5+6=11\n78+9=87\n", add_special_tokens=False)["input_ids"]
+    ctx = [preamble + tok(x, add_special_tokens=False)["input_ids"] for x in PROMPTS]
+    p = SamplingParams(max_new_tokens=10, stream=0)
+    trunk = model.get_base_model().model
+    seen = []
+    hook = trunk.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    shared = HFEngine(model, tok, seed=4).sample(ctx, p, n=2)
+    hook.remove()
+    # the preamble once (the prompts differ from their first character on), then each context's rest
+    assert seen[0] == (1, len(preamble)) and seen[1][0] == len(ctx)
+    monkeypatch.setattr(model_mod, "MIN_SHARED_PREFIX", 10 ** 9)
+    plain = HFEngine(model, tok, seed=4).sample(ctx, p, n=2)
+    for a, b in zip(sum(shared, []), sum(plain, [])):
+        assert a.token_ids == b.token_ids and a.finish == b.finish
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)

@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from tinyrl.model import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prefix_cache, trunk_of
+from tinyrl.model import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prompt_cache, trunk_of
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
 from tinyrl.rollout.decode_step import DecodeStep
 
@@ -93,7 +93,8 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
         ids[i, L - len(c):] = torch.tensor(c, dtype=torch.long)
         attn[i, L - len(c):] = 1
     ids, attn = ids.to(device), attn.to(device)
-    cache = prefix_cache(trunk, ids[:, :-1], attn[:, :-1], decode_cache())
+    cache, cols = prompt_cache(trunk, ids[:, :-1], attn[:, :-1], decode_cache())
+    attn = torch.cat([cols, attn[:, -1:]], 1)  # the cache's real columns (a shared prefix moves the padding)
     if n > 1 and L > 1:
         cache.batch_repeat_interleave(n)
     last_pos = torch.tensor([len(c) - 1 for c in contexts], device=device)
