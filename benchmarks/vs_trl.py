@@ -13,7 +13,8 @@ functions and weights, the LoRA config, B prompts x G completions per optimiser 
 generation round per step, the micro-batch, max completion length, temperature 1 / top_p 1 /
 top_k 0, AdamW (torch) at a constant learning rate and no weight decay, clip 0.2, token-mean
 loss, group-std advantages, beta 0, float32, no gradient checkpointing (TRL's GRPOConfig
-defaults to gradient_checkpointing=True and bf16=True: both are switched off here), seed 0,
+defaults to gradient_checkpointing=True and bf16=True: both are switched off here), the
+seed (repeat i of every side runs seed i: a pair shares its prompts and seed, the pairs differ),
 the same torch thread count. A completion ends at EOS or the length cap on both sides.
 
 What is measured, per run: per-step wall time (median of the steps after the first, the
@@ -153,12 +154,17 @@ def checkpointing(ok: list[dict]) -> dict:
 
 def compare(spec: dict, repeats: int, timeout: int, order=SIDES, log=print) -> dict:
     """Run the sides of `order` in turn, `repeats` times each, on `spec`; each side's summary and
-    the tinyrl / TRL pair ratios (top level), plus tinyrl / trl-default ones where `order` has it."""
+    the tinyrl / TRL pair ratios (top level), plus tinyrl / trl-default ones where `order` has it.
+
+    Repeat i runs every side with seed `spec["seed"] + i`: the sides of a pair share a seed (the same
+    prompts), and the pairs differ. With one seed for every repeat, each side would draw the same
+    completions every time (TRL's are seeded too), so one seed's luck in completion length, which
+    step time follows, would decide every pair."""
     runs: dict[str, list] = {s: [] for s in order}
     width = max(6, *map(len, order))
     for i in range(repeats):
         for side in order:
-            r = run_side({**spec, "side": side}, timeout)
+            r = run_side({**spec, "side": side, "seed": spec.get("seed", 0) + i}, timeout)
             runs[side].append(r)
             msg = r.get("error") or (f"median step {statistics.median(r['step_s'][1:] or r['step_s']):.2f} s, "
                                      f"peak RSS {r['peak_rss_mib']:.0f} MiB, process {r['process_s']:.0f} s")

@@ -10,7 +10,8 @@ import torch
 
 from tinyrl.algo.losses import BatchTotals, policy_loss
 from tinyrl.api import build_trainer
-from tinyrl.model import MIN_SHARED_PREFIX, common_prefix_length, trunk_of
+import tinyrl.model as model_mod
+from tinyrl.model import common_prefix_length, trunk_of
 from tinyrl.update import completion_hidden, micro_batches, policy_update, rows_to_compute
 
 
@@ -130,8 +131,8 @@ def with_preamble(batch, preamble: list[int]):
                           (False, True, "eager", 20)],
                          ids=["shared", "shared-packed", "shared-packed-eager", "checkpointed", "prefix",
                               "prefix-packed", "prefix-packed-eager"])
-def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, checkpointing, pack,
-                                                                    attn, preamble):
+def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_dir, run_root, monkeypatch,
+                                                                    checkpointing, pack, attn, preamble):
     """A group's rows share their prompt's KV cache (its graph kept): the hidden states and the
     gradients of every full row, for a G-th of the prompt tokens; packed, for only the rows' real
     tokens (no padding; sdpa takes the block mask as booleans, eager as an additive float mask).
@@ -144,6 +145,7 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
     batch, _ = t.collect_batch()
     if preamble:
         batch = with_preamble(batch, [3 + i % 10 for i in range(preamble)])
+        monkeypatch.setattr(model_mod, "MIN_SHARED_PREFIX", 1)  # the mechanism, at any size (the rule: below)
     trunk = trunk_of(t.model)
     assert trunk.config._attn_implementation == attn
     mb = micro_batches(batch, torch.arange(batch.num_rows), batch.num_rows)[0]  # every prompt G times
@@ -188,7 +190,7 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
         if preamble:  # the common prefix once, then each distinct prompt's rest
             assert c >= preamble and tokens == [c, n_prompts * (P - 1 - c), rows_part]
         else:
-            assert c * (n_prompts - 1) < MIN_SHARED_PREFIX and tokens == [n_prompts * (P - 1), rows_part]
+            assert c * (n_prompts - 1) < model_mod.MIN_SHARED_PREFIX and tokens == [n_prompts * (P - 1), rows_part]
         assert n_prompts < n_rows and real < n_rows * t1  # there was padding to leave out
 
 

@@ -260,6 +260,7 @@ def test_contexts_that_open_alike_prefill_their_common_prefix_once(policy, monke
     model, tok = policy
     if not written_out:
         monkeypatch.setattr(hf.DecodeStep, "of", classmethod(lambda cls, trunk: None))
+    monkeypatch.setattr(model_mod, "MIN_SHARED_PREFIX", 1)  # the mechanism at this model's size
     preamble = tok("12+34=46\n5+6=11\n78+9=87\n", add_special_tokens=False)["input_ids"]
     ctx = [preamble + tok(x, add_special_tokens=False)["input_ids"] for x in PROMPTS]
     p = SamplingParams(max_new_tokens=10, stream=0)
