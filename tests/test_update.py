@@ -185,12 +185,15 @@ def test_rows_of_one_prompt_read_it_once_with_the_full_rows_gradient(tiny_model_
     if checkpointing:
         assert tokens == [n_rows * (P + t1)]
     else:  # each distinct prompt but its last token once, then each row's last prompt token and completion
-        rows_part = real if pack else n_rows * t1
         c = common_prefix_length(batch.prompt_ids[:, mb.prompt_start:-1], batch.prompt_mask[:, mb.prompt_start:-1])
-        if preamble:  # the common prefix once, then each distinct prompt's rest
-            assert c >= preamble and tokens == [c, n_prompts * (P - 1 - c), rows_part]
+        distinct = torch.unique(torch.cat([batch.prompt_ids, batch.prompt_mask], 1), dim=0)
+        prompt_real = int(distinct[:, batch.prompt_ids.shape[1]:].sum()) - n_prompts  # real tokens, all but the last
+        if pack:  # one pass: the common prefix once, each prompt's rest, each row's real tokens, no padding
+            assert tokens == [prompt_real - (n_prompts - 1) * c + real]
+        elif preamble:  # the common prefix once, then each distinct prompt's rest, then the padded rows
+            assert c >= preamble and tokens == [c, n_prompts * (P - 1 - c), n_rows * t1]
         else:
-            assert c * (n_prompts - 1) < model_mod.MIN_SHARED_PREFIX and tokens == [n_prompts * (P - 1), rows_part]
+            assert c * (n_prompts - 1) < model_mod.MIN_SHARED_PREFIX and tokens == [n_prompts * (P - 1), n_rows * t1]
         assert n_prompts < n_rows and real < n_rows * t1  # there was padding to leave out
 
 
@@ -200,13 +203,14 @@ def test_rows_are_packed_where_the_padding_costs_more_than_the_block_mask():
     from tinyrl.update import _packing_pays
 
     smol = SimpleNamespace(hidden_size=576, intermediate_size=1536)  # SmolLM2-135M
+    two = torch.tensor([51, 50])  # 2 distinct prompts' cached tokens
     # a group of mostly short completions and one long one: the padding is most of the work
-    assert _packing_pays(smol, torch.tensor([28, 12, 10, 9, 8, 8, 6, 5]), n_prompts=2, cached=51)
+    assert _packing_pays(smol, torch.tensor([28, 12, 10, 9, 8, 8, 6, 5]), two)
     # equal lengths: nothing to remove, and the packed attention is larger
-    assert not _packing_pays(smol, torch.tensor([28] * 8), n_prompts=2, cached=51)
+    assert not _packing_pays(smol, torch.tensor([28] * 8), two)
     # many long rows of a small model: the packed attention (quadratic in all the rows' tokens) costs more
     tiny = SimpleNamespace(hidden_size=64, intermediate_size=128)
-    assert not _packing_pays(tiny, torch.tensor([128] * 15 + [100]), n_prompts=4, cached=30)
+    assert not _packing_pays(tiny, torch.tensor([128] * 15 + [100]), torch.tensor([30] * 4))
 
 
 def test_scoring_with_merged_lora_matches_peft_forward(tiny_model_dir, run_root, monkeypatch):

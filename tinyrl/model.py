@@ -509,6 +509,15 @@ def cache_kwarg(trunk) -> str:
     return "cache" if "cache" in inspect.signature(type(trunk).forward).parameters else "past_key_values"
 
 
+def full_attention_only(config) -> bool:
+    """Whether every layer attends over the whole sequence (no sliding window), so an attention mask
+    given in full is the whole story."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is None
+
+
 def positions(mask):
     """Position ids of left-padded rows: positions count real tokens only (padding gets 0)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)

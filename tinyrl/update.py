@@ -18,9 +18,11 @@ Ways of doing less work that leave the gradient the same (to fp32 rounding):
 - the rows of one prompt read it once (`completion_hidden`): a group's G completions attend to
   one KV cache of their shared prompt, whose graph carries their gradients back, so the prompt
   costs one forward and backward per micro-batch instead of G.
-- no padding inside a micro-batch where that pays: its rows' completions run packed end to end
-  in one sequence, each attending only to its own prompt's cache and its own earlier tokens (a
-  block mask), so a micro-batch costs its real tokens, not rows x its longest completion.
+- no padding inside a micro-batch where that pays: its distinct prompts and its rows run packed
+  end to end in one decoder pass, each token attending only to its own prompt and its own row's
+  earlier tokens (a block mask), so a micro-batch costs its real tokens, not rows x its longest
+  completion, and one pass over the weights, not a prompt pass and a row pass. Prompts that open
+  alike (a chat template's system prompt) put that common prefix in the sequence once.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
-from tinyrl.model import (cache_kwarg, caches_under_autograd, merged_lora_linears, output_projection, positions,
-                          prompt_cache, reference_context, trunk_of)
+from tinyrl.model import (cache_kwarg, caches_under_autograd, common_prefix_length, full_attention_only,
+                          merged_lora_linears, output_projection, positions, prompt_cache, reference_context, trunk_of)
 from tinyrl.rollout.base import Rollouts
 
 
@@ -85,9 +87,10 @@ def completion_hidden(model, batch: Rollouts, mb: MicroBatch, pack: bool | None 
     Where nothing repeats, or transformers would drop the cache (a gradient-checkpointed training
     forward), every row runs in full.
 
-    Rows that share a prompt cache also run packed (`_packed_rows_hidden`: no padding) where the
-    attention's block mask costs less than the padding it removes (`_packing_pays`); `pack` forces
-    the choice (tests). Hidden states at padding positions are 0 there, and are never read."""
+    Where the attention's block mask costs less than the padding it removes (`_packing_pays`), the
+    prompts and rows instead run as one packed pass (`_packed_hidden`: no padding, no cache, the
+    same attention); `pack` forces the choice (tests). Hidden states at padding positions are 0
+    there, and are never read."""
     device = next(model.parameters()).device
     r, p0, t1 = mb.rows, mb.prompt_start, mb.completion_end
     p_ids, p_mask = batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device)
@@ -105,18 +108,21 @@ def completion_hidden(model, batch: Rollouts, mb: MicroBatch, pack: bool | None 
 
 def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, row_prompt,
                           pack: bool | None) -> torch.Tensor:
-    """completion_hidden with one KV cache per distinct prompt (`row_prompt`: each row's prompt index)."""
+    """completion_hidden where rows share prompts (`row_prompt`: each row's prompt index): one pass
+    over every distinct prompt and every row packed (`_packed_hidden`) where that pays, else one KV
+    cache per distinct prompt and the rows padded against it."""
     one = torch.empty(n_prompts, dtype=torch.long, device=p_ids.device)
     one[row_prompt] = torch.arange(p_ids.shape[0], device=p_ids.device)  # a row of each distinct prompt
-    cache, cols = prompt_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])  # cols: the cache's real columns
     ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
-    attn = torch.cat([cols[row_prompt], p_mask[:, -1:], c_mask[:, :-1]], 1)  # the prompt (cached + last token)
-    pos = positions(attn)[:, -c_ids.shape[1]:]                                # and those tokens
     lengths = _completion_lengths(c_mask)
     if pack is None:
-        pack = _can_pack(trunk, cache) and _packing_pays(trunk.config, lengths, n_prompts, cols.shape[1])
+        pack = _can_pack(trunk) and _packing_pays(trunk.config, lengths, p_mask[one, :-1].sum(-1))
     if pack:
-        return _packed_rows_hidden(trunk, cache, ids, attn[:, -ids.shape[1]:], pos, lengths, row_prompt, cols)
+        return _packed_hidden(trunk, p_ids[one, :-1], p_mask[one, :-1], ids, torch.cat([p_mask, c_mask[:, :-1]], 1),
+                              lengths, row_prompt)
+    cache, cols = prompt_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])  # cols: the cache's real columns
+    attn = torch.cat([cols[row_prompt], p_mask[:, -1:], c_mask[:, :-1]], 1)  # the prompt (cached + last token)
+    pos = positions(attn)[:, -c_ids.shape[1]:]                                # and those tokens
     cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
     return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                  **{cache_kwarg(trunk): cache}).last_hidden_state
@@ -131,52 +137,74 @@ def _completion_lengths(c_mask: torch.Tensor) -> torch.Tensor:
 BLOCK_MASK_ATTENTION = ("sdpa", "eager")  # take a 4D mask as given: sdpa as booleans, eager as additive floats
 
 
-def _can_pack(trunk, cache) -> bool:
-    """A block mask is honoured by the attention (flash kernels take none) and the cache is plain
-    per-layer key/value tensors that can be laid end to end (no sliding window)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None) or [None]  # a cache of another layout: not packed
+def _can_pack(trunk) -> bool:
+    """A block mask is honoured by the attention (flash kernels take none) and is the whole mask (no
+    sliding window for transformers to add)."""
     return (getattr(trunk.config, "_attn_implementation", None) in BLOCK_MASK_ATTENTION
-            and all(type(layer) is DynamicLayer for layer in layers))
+            and full_attention_only(trunk.config))
 
 
-def _packing_pays(config, lengths: torch.Tensor, n_prompts: int, cached: int) -> bool:
-    """Whether the packed rows cost fewer FLOPs than the padded ones. Per layer, a token costs its
-    projections and MLP, ~2 (4 d^2 + 3 d i), and each (query, key) pair of the attention ~4 d. Padded:
-    every row runs the micro-batch's longest completion against its prompt; packed: only the real
-    tokens, but each attends (masked) over every prompt cache and every packed token."""
+def _packing_pays(config, lengths: torch.Tensor, prompt_lengths: torch.Tensor) -> bool:
+    """Whether one packed pass costs fewer FLOPs than the prompts' cache pass plus the padded rows.
+    Per layer, a token costs its projections and MLP, ~2 (4 d^2 + 3 d i), and each (query, key) pair
+    of the attention ~4 d. Padded: every row runs the micro-batch's longest completion against its
+    prompt (`prompt_lengths`: each distinct prompt's cached tokens); packed: only real tokens, but
+    each attends (masked) over the whole packed sequence. The second pass's own overhead (every
+    weight read again) is left out: it only tips the balance further towards packing."""
     d = config.hidden_size
     per_token = 2 * (4 * d * d + 3 * d * getattr(config, "intermediate_size", 4 * d))
     n, t, q = lengths.numel(), int(lengths.max()), int(lengths.sum())
-    padded = n * t * per_token + n * t * (cached + t) * 4 * d
-    packed = q * per_token + q * (n_prompts * cached + q) * 4 * d
+    k, cached, longest = prompt_lengths.numel(), int(prompt_lengths.sum()), int(prompt_lengths.max())
+    padded = n * t * per_token + n * t * (longest + t) * 4 * d + k * longest * longest * 4 * d
+    packed = q * per_token + (cached + q) * (cached + q) * 4 * d
     return packed < padded
 
 
-def _packed_rows_hidden(trunk, cache, ids, valid, pos, lengths, row_prompt, cache_valid) -> torch.Tensor:
-    """The rows' tokens `ids` [n, t1] (their first `lengths` each; `valid`: which are real keys,
-    `pos`: their position ids) packed into one sequence that attends to every distinct prompt's
-    cache laid end to end (`cache_valid` [k, L]: its real columns). A block mask lets each token see
-    its own prompt's real cache columns and its own row's earlier real tokens: the same attention as
-    the padded rows. Returns [n, t1, H], 0 past each row's length."""
-    n, t1 = ids.shape
+def _packed_hidden(trunk, pp_ids, pp_mask, ids, attn, lengths, row_prompt) -> torch.Tensor:
+    """One decoder pass over every distinct prompt and every row, packed end to end with no padding.
+
+    The sequence is the prompts' common prefix once (`common_prefix_length`), each distinct prompt's
+    rest (`pp_ids` [k, L] left-padded, `pp_mask`: the prompts but their last token), then each row's
+    tokens `ids` [n, t1] (its first `lengths`; `attn` [n, L + 1 + t1 - 1]: its full mask, prompt
+    then those tokens, for position ids and which are real keys). A block mask lets a prompt token
+    see the prefix and its own prompt's earlier tokens, and a row token the prefix, its own
+    prompt and its own row's earlier real tokens: each token's attention is the full row's, at the
+    same positions, so the hidden states and gradients are those of every row run in full (the
+    prompt positions gather their rows' gradients). Returns [n, t1, H], 0 past each row's length."""
     dev = ids.device
-    row = torch.repeat_interleave(torch.arange(n, device=dev), lengths)  # the row of each packed token
-    col = torch.arange(row.numel(), device=dev) - (torch.cumsum(lengths, 0) - lengths)[row]  # its column
-    k, L = cache_valid.shape
-    for layer in cache.layers:  # [k, heads, L, D] -> [1, heads, k * L, D], prompt after prompt
-        layer.keys, layer.values = (x.transpose(0, 1).reshape(1, x.shape[1], k * L, x.shape[-1])
-                                    for x in (layer.keys, layer.values))
-    own_prompt = row_prompt[row][:, None] == torch.arange(k, device=dev).repeat_interleave(L)[None]
-    sees_cache = own_prompt & cache_valid.reshape(1, -1).bool()
-    sees_row = (row[:, None] == row[None]) & (col[None] <= col[:, None]) & valid[row, col].bool()[None]
-    allowed = torch.cat([sees_cache, sees_row], 1)[None, None]
+    n, t1 = ids.shape
+    k, L = pp_ids.shape
+    plen = pp_mask.sum(-1)
+    c = common_prefix_length(pp_ids, pp_mask)
+    rest = plen - c
+    # what each packed token is: segment kind (0 prefix, 1 a prompt's rest, 2 a row), its prompt, its
+    # row, its index within its segment, its token and position
+    prompt_of = torch.repeat_interleave(torch.arange(k, device=dev), rest)
+    in_rest = torch.arange(prompt_of.numel(), device=dev) - (torch.cumsum(rest, 0) - rest)[prompt_of]
+    row = torch.repeat_interleave(torch.arange(n, device=dev), lengths)
+    col = torch.arange(row.numel(), device=dev) - (torch.cumsum(lengths, 0) - lengths)[row]
+    pos_rows = positions(attn)[:, -t1:]
+    valid = attn[:, -t1:].bool()
+    tokens = torch.cat([pp_ids[0, L - int(plen[0]):][:c], pp_ids[prompt_of, L - rest[prompt_of] + in_rest],
+                        ids[row, col]])
+    pos = torch.cat([torch.arange(c, device=dev), c + in_rest, pos_rows[row, col]])
+    kind = torch.cat([torch.zeros(c, dtype=torch.long, device=dev), torch.ones_like(prompt_of), torch.full_like(row, 2)])
+    prompt = torch.cat([torch.full((c,), -1, dtype=torch.long, device=dev), prompt_of, row_prompt[row]])
+    owner = torch.cat([torch.full((c + prompt_of.numel(),), -1, dtype=torch.long, device=dev), row])
+    index = torch.cat([torch.arange(c, device=dev), in_rest, col])
+    real = torch.cat([torch.ones(c + prompt_of.numel(), dtype=torch.bool, device=dev), valid[row, col]])
+    qk = lambda x: (x[:, None], x[None])  # noqa: E731  (query's value, key's value)
+    (kq, kk), (pq, pk), (oq, ok), (iq, ik) = qk(kind), qk(prompt), qk(owner), qk(index)
+    earlier = ik <= iq
+    allowed = (((kk == 0) & ((kq > 0) | earlier))  # the prefix: causal within, whole to everything after
+               | ((kk == 1) & (kq > 0) & (pk == pq) & ((kq == 2) | earlier))  # a prompt's rest: its own
+               | ((kk == 2) & (ok == oq) & earlier & real[None]))  # a row's tokens: its own earlier real ones
+    allowed = allowed[None, None]
     if trunk.config._attn_implementation == "eager":  # added to the scores: 0 or the dtype's minimum
         act = trunk.get_input_embeddings().weight.dtype
         allowed = torch.zeros(allowed.shape, dtype=act, device=dev).masked_fill(~allowed, torch.finfo(act).min)
-    h = trunk(input_ids=ids[row, col][None], attention_mask=allowed, position_ids=pos[row, col][None],
-              use_cache=True, **{cache_kwarg(trunk): cache}).last_hidden_state[0]
+    h = trunk(input_ids=tokens[None], attention_mask=allowed, position_ids=pos[None],
+              use_cache=False).last_hidden_state[0, c + prompt_of.numel():]
     return h.new_zeros(n * t1, h.shape[-1]).index_copy(0, row * t1 + col, h).view(n, t1, -1)
 
 

@@ -26,6 +26,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from tinyrl.model import full_attention_only
+
 LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
 _NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
@@ -121,11 +123,7 @@ def supported(trunk) -> bool:
     attention (no sliding window), RMSNorms, its projections where the class puts them, and a
     rotary embedding at the model level."""
     config = trunk.config
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        if any(t != "full_attention" for t in layer_types):
-            return False
-    elif getattr(config, "sliding_window", None) is not None:
+    if not full_attention_only(config):
         return False
     if not hasattr(trunk, "rotary_emb") or type(trunk.norm).__name__ not in _NORMS:
         return False
