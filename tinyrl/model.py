@@ -466,7 +466,7 @@ def merged_lora_linears(model, budget: int | None = None, dequantize: bool = Fal
                 weight = dense if dense is not None else _dequantized(base)
                 for name in (mod.active_adapters if lora else ()):
                     if name in mod.lora_A:
-                        weight = weight + mod.get_delta_weight(name).to(weight.dtype)
+                        weight = _plus_delta(weight, mod, name)
                 bias = None if base.bias is None else base.bias.to(weight.dtype)
                 mod.forward = functools.partial(torch.nn.functional.linear, weight=weight, bias=bias)
                 swapped.append(mod)
@@ -475,6 +475,18 @@ def merged_lora_linears(model, budget: int | None = None, dequantize: bool = Fal
     finally:
         for mod in swapped:
             del mod.forward
+
+
+def _plus_delta(weight, mod, name: str):
+    """weight + the LoRA module's delta for adapter `name` (a new tensor): scaling x B A as one addmm
+    where that is all peft's get_delta_weight does (same dtype, no fan_in_fan_out; a third of its time
+    on SmolLM2's 120 adapted linears), else peft's own delta."""
+    import torch
+
+    a, b = mod.lora_A[name].weight, mod.lora_B[name].weight
+    if weight.dtype == a.dtype == b.dtype and not getattr(mod, "fan_in_fan_out", False):
+        return torch.addmm(weight, b, a, alpha=mod.scaling[name])
+    return weight + mod.get_delta_weight(name).to(weight.dtype)
 
 
 def _mergeable(mod) -> bool:
