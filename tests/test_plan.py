@@ -380,3 +380,27 @@ def test_auto_checkpointing_of_a_model_the_planner_cannot_read_stays_off(caplog)
     with caplog.at_level("INFO", logger="tinyrl.planner"):
         assert resolve(cfg, "cpu").model.gradient_checkpointing is False
     assert "could not be planned" in caplog.text and "no-such-org/no-such-model" in caplog.text
+
+
+def test_the_cpu_rollout_plans_the_decode_copies_merged_lora_linears_makes():
+    """The HF rollout's copies on a CPU (LoRA linears as W + dW; under QLoRA every linear dequantised)
+    are planned at the bytes merged_lora_linears actually allocates; a GPU makes none."""
+    import peft
+
+    from tinyrl.model import merged_lora_linears
+
+    cfg = llama_cfg()
+    arch = from_config(cfg.to_dict(), name="t")
+    model = peft.get_peft_model(build_model(cfg), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    made = []
+    with merged_lora_linears(model) as n:
+        for m in model.modules():
+            if "forward" in vars(m):
+                made.append(m.forward.keywords["weight"])
+    assert n == len(made) == 2 * cfg.num_hidden_layers
+    s = setup_for(arch, targets=("q_proj", "v_proj"))
+    assert M.decode_copy_bytes(s, 2 ** 40) == sum(w.numel() * w.element_size() for w in made)
+    assert M.decode_copy_bytes(s, 8 * 1024) == 1024  # within an eighth of the RAM
+    assert M.decode_copy_bytes(setup_for(arch, device="cuda"), 2 ** 40) == 0
+    rows = [r.name for r in build(s, 2 ** 34).rows]
+    assert any(r.startswith("decode copies: LoRA linears merged") for r in rows)

@@ -254,6 +254,29 @@ def hf_rollout_bytes(s: Setup, rows: int, n: int) -> dict[str, int]:
     return {"kv_cache": kv, "cache_growth": one_layer, "prefill": prefill, "sampling": sampling}
 
 
+def decode_copy_bytes(s: Setup, ram: int) -> int:
+    """The HF engine's decode copies on a CPU (`tinyrl.model.merged_lora_linears`): each LoRA-adapted
+    float linear as W + dW, and under QLoRA every 4-bit linear dequantised (+ dW), in the activation
+    dtype, within an eighth of the RAM (`ram`); none on a GPU.
+
+    >>> from tinyrl.planner.arch import ARCHITECTURES
+    >>> a = ARCHITECTURES["qwen2.5-0.5b-instruct"]
+    >>> s = Setup(a, "cpu", 4, True, 8, ("q_proj",), False, 1, 1, 1, 8, 8, "hf")
+    >>> decode_copy_bytes(s, 2 ** 40) == a.linear_weight_params * 4, decode_copy_bytes(s, 8 * 2 ** 20)
+    (True, 1048576)
+    """
+    from tinyrl.model import MERGE_SHARE
+
+    if s.device != "cpu":
+        return 0
+    a = s.arch
+    if s.load_in_4bit:
+        copied = a.linear_weight_params
+    else:
+        copied = a.num_layers * sum(i * o for name, (i, o, _) in a.linears().items() if name in s.targets)
+    return min(copied * s.act_bytes, ram // MERGE_SHARE)
+
+
 def vllm_overhead_bytes(s: Setup, max_num_seqs: int, total: int) -> int:
     """vLLM's non-KV, non-weight memory: its profile run's activations (max_num_batched_tokens of
     prefill, default 8192 or 16384 on >= 70 GiB cards), the sampler's [max_num_seqs, V] fp32

@@ -108,15 +108,20 @@ def _update(s: M.Setup) -> list[Row]:
     return rows
 
 
-def _hf_rollout(s: M.Setup) -> list[Row]:
+def _hf_rollout(s: M.Setup, ram: int) -> list[Row]:
     train = M.hf_rollout_bytes(s, s.rows, s.generations)
     evals = M.hf_rollout_bytes(s, s.eval_rows, 1) if s.eval_rows else {}
     r = train if sum(train.values()) >= sum(evals.values()) else evals
     rows_ = s.rows if r is train else s.eval_rows
-    return [Row(f"KV cache: {rows_} x {s.seq} tokens", r["kv_cache"], "rollout",
+    rows = [Row(f"KV cache: {rows_} x {s.seq} tokens", r["kv_cache"], "rollout",
                 f"{s.arch.kv_bytes_per_token(s.act_bytes)} B/token"),
             Row("KV cache growth (torch.cat, one layer)", r["cache_growth"], "rollout"),
             Row("prefill + sampling buffers", r["prefill"] + r["sampling"], "rollout")]
+    copies = M.decode_copy_bytes(s, ram)
+    if copies:
+        what = "nf4 linears dequantised" if s.load_in_4bit else "LoRA linears merged (W + dW)"
+        rows.append(Row(f"decode copies: {what}", copies, "rollout", "CPU only, within 1/8 of the RAM"))
+    return rows
 
 
 def _vllm(s: M.Setup, total: int, util: float, max_num_seqs: int) -> tuple[list[Row], list[str]]:
@@ -162,7 +167,7 @@ def build(s: M.Setup, budget: int, budget_label: str = "", util: float | None = 
         extra, problems = _vllm(s, budget, util, max_num_seqs)
         rows += extra
     else:
-        rows += _hf_rollout(s)
+        rows += _hf_rollout(s, budget)
     always = sum(r.bytes for r in rows if r.phase == "always")
     phases = {p: always + sum(r.bytes for r in rows if r.phase == p) for p in ("rollout", "update")}
     if vllm:  # at startup: the trainer's base and LoRA, and vLLM's whole share (weights, KV, graphs)
