@@ -11,7 +11,9 @@ Parts, each in fresh processes (see their own docstrings):
 
 The combined table has one row per (benchmark, config, metric): tinyrl's figure, the other
 side's (TRL, or the naive loss), their ratio, and the target where the issue sets one
-(step time <= 0.5x TRL, peak RSS <= 0.6x TRL). Time: about 20 minutes on 2 quiet cores.
+(step time <= 0.5x TRL, peak RSS <= 0.6x TRL; every scaling cell <= 1.0x), the ratio being the
+median over A/B pairs of each pair's ratio, with its range. Time: about 25 minutes on 2 quiet cores
+(3 pairs per case and scaling point).
 """
 
 from __future__ import annotations
@@ -50,20 +52,28 @@ def run_fused_loss(extra: list[str], timeout: int) -> tuple[str, list[dict]]:
 def combined(cases: dict, scaling: list[dict], loss: list[dict], loss_vocab: str) -> str:
     rows = []  # (benchmark, config, metric, tinyrl, other, ratio, target)
 
-    def add(bench, cfg, metric, a, b, target=None, other="TRL", fmt=".2f"):
-        ratio = a / b if a is not None and b else None
+    def add(bench, cfg, metric, a, b, target=None, other="TRL", fmt=".2f", pairs=None):
+        """`pairs`: (median of the A/B pair ratios, (min, max), count) where the runs were paired; else
+        the ratio of the two figures."""
+        ratio = pairs[0] if pairs else (a / b if a is not None and b else None)
         verdict = "" if target is None or ratio is None else (f"<={target} " + ("ok" if ratio <= target else "MISS"))
-        rows.append((bench, cfg, metric, format(a, fmt), f"{format(b, fmt)} {other}", f"{ratio:.2f}" if ratio else "-",
-                     verdict))
+        shown = f"{ratio:.2f}" if ratio else "-"
+        if pairs:
+            shown += f" [{pairs[1][0]:.2f}-{pairs[1][1]:.2f}] x{pairs[2]}"
+        rows.append((bench, cfg, metric, format(a, fmt), f"{format(b, fmt)} {other}", shown, verdict))
+
+    def paired(res, key):
+        return (res[key], res[key + "_range"], res["pairs"]) if key in res else None
 
     for name, res in cases.items():
         a, b = res["tinyrl"], res["trl"]
         if "error" in a or "error" in b:
             rows.append(("vs-trl", name, "error", a.get("error", "ok")[:40], b.get("error", "ok")[:40], "", ""))
             continue
-        add("vs-trl", name, "step s", a["step_s"], b["step_s"], vs_trl.STEP_TARGET)
+        add("vs-trl", name, "step s", a["step_s"], b["step_s"], vs_trl.STEP_TARGET, pairs=paired(res, "step_ratio"))
         add("vs-trl", name, "tokens/s", a["tokens_per_s"], b["tokens_per_s"], fmt=".0f")
-        add("vs-trl", name, "peak RSS MiB", a["peak_rss_mib"], b["peak_rss_mib"], vs_trl.RSS_TARGET, fmt=".0f")
+        add("vs-trl", name, "peak RSS MiB", a["peak_rss_mib"], b["peak_rss_mib"], vs_trl.RSS_TARGET, fmt=".0f",
+            pairs=paired(res, "rss_ratio"))
         add("vs-trl", name, "train RSS MiB", a["peak_rss_mib"] - a["rss_setup_mib"],
             b["peak_rss_mib"] - b["rss_setup_mib"], fmt=".0f")
     for r in scaling:
@@ -71,8 +81,9 @@ def combined(cases: dict, scaling: list[dict], loss: list[dict], loss_vocab: str
         if "error" in a or "error" in b:
             continue
         cfg = f"G={r['G']} L={r['L']}"
-        add("scaling", cfg, "step s", a["step_s"], b["step_s"], vs_trl.STEP_TARGET)
-        add("scaling", cfg, "peak RSS MiB", a["peak_rss_mib"], b["peak_rss_mib"], vs_trl.RSS_TARGET, fmt=".0f")
+        add("scaling", cfg, "step s", a["step_s"], b["step_s"], 1.0, pairs=paired(r, "step_ratio"))
+        add("scaling", cfg, "peak RSS MiB", a["peak_rss_mib"], b["peak_rss_mib"], fmt=".0f",
+            pairs=paired(r, "rss_ratio"))
     naive = {r["n"]: r for r in loss if r["impl"] == "naive"}
     liger = {r["n"]: r for r in loss if r["impl"] == "liger"}
     for r in loss:
@@ -98,12 +109,13 @@ def main() -> None:
     p.add_argument("--loss-args", nargs=argparse.REMAINDER, default=None,
                    help="arguments for fused_loss.py (default --quick; with --quick: --quick --n 512)")
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--repeats", type=int, default=3, help="A/B pairs per vs-TRL case and scaling point (--quick: 1)")
     p.add_argument("--json", help="also write every measurement here")
     args = p.parse_args()
     t0 = time.perf_counter()
     print("## 1-2. tinyrl vs TRL GRPOTrainer, and the scaling table (benchmarks/vs_trl.py)", flush=True)
-    vs = vs_trl.main((["--quick"] if args.quick else []) + ["--threads", str(args.threads),
-                                                            "--timeout", str(args.timeout)])
+    vs = vs_trl.main((["--quick"] if args.quick else ["--repeats", str(args.repeats)])
+                     + ["--threads", str(args.threads), "--timeout", str(args.timeout)])
     loss_args = args.loss_args if args.loss_args is not None else (["--quick", "--n", "512"] if args.quick
                                                                     else ["--quick"])
     print(f"\n## 3. fused GRPO loss (benchmarks/fused_loss.py {' '.join(loss_args)})", flush=True)
@@ -114,8 +126,9 @@ def main() -> None:
     vocab = re.search(r"V=(\d+)", text)
     print(f"\n## combined ({time.perf_counter() - t0:.0f} s in all; machine: {args.threads} threads)")
     print(combined(vs["cases"], vs["scaling"], loss, f"V={vocab[1]}" if vocab else ""))
-    print("ratio = tinyrl / other; targets from issue 9. Timings on a shared machine are noisy: "
-          "see the per-repeat figures above.")
+    print("ratio = tinyrl / other: for vs-TRL and scaling rows the median over A/B pairs of each pair's ratio, "
+          "[range] x pairs; targets from issues 9 and 21 (step <= 0.5x and peak RSS <= 0.6x TRL per case, every "
+          "scaling cell <= 1.0x). Timings on a shared machine are noisy: see the per-repeat figures above.")
 
 
 if __name__ == "__main__":
