@@ -65,8 +65,8 @@ def step(impl, d, chunk_size):
         from tinyrl.kernels.torch_logprobs import naive_linear_logprobs
 
         B, T, H = d["h"].shape
-        logp, ent = naive_linear_logprobs(d["h"].reshape(-1, H), d["w"], d["t"].reshape(-1))
-        loss = policy_loss(logp.reshape(B, T), d["old"], d["adv"], d["mask"], AlgoConfig(), entropy=ent).loss
+        logp, _ = naive_linear_logprobs(d["h"].reshape(-1, H), d["w"], d["t"].reshape(-1))  # + entropies, as ours
+        loss = policy_loss(logp.reshape(B, T), d["old"], d["adv"], d["mask"], AlgoConfig()).loss
     elif impl == "liger":
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
