@@ -9,12 +9,14 @@ the live rows, the lm_head on their last position only, one log-softmax (the rec
 and the sampling distribution are the same tensor), a draw from a seeded generator, and drops
 finished rows from the batch and the KV cache, so short answers stop costing compute.
 
-On a CPU the LoRA-adapted linears decode as one matmul over W + dW each (`model.merged_lora_linears`,
-rebuilt each call from the current adapter, copies within an eighth of the RAM; the base weights
-are not touched).
+On a CPU the LoRA-adapted linears decode as one matmul over W + dW each, and 4-bit linears over a
+copy dequantised once per call (`model.merged_lora_linears`, rebuilt each call from the current
+adapter, copies within an eighth of the RAM; the base weights are not touched), and a
+Llama-shaped decoder's step runs written out (`rollout.decode_step`).
 
 Each context is read once: the contexts' first L-1 tokens are prefilled into a KV cache that is
-repeated n times (prompt-major rows), then decoding starts from each context's last token.
+repeated n times (prompt-major rows), then decoding starts from each context's last token. A
+prefix common to the contexts is prefilled once where that saves enough (`model.prompt_cache`).
 When the caller names a stream (`params.stream`; the trainer: the prompt's position in the run's
 prompt stream), context i samples from its own generator seeded by (`seed`, stream + i), so a prompt
 draws the same samples in whichever batch or process it lands; else one generator per call
@@ -154,8 +156,8 @@ def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: boo
 def _step_function(trunk, device):
     """(cur [R, 1], attn, pos [R], cache) -> last hidden states [R, H] of one decode step. On a CPU, a
     Llama-shaped stack runs as `DecodeStep` (the same arithmetic without transformers' per-call
-    machinery: SmolLM2-135M, 8 rows, measured in the rollout-step table of benchmarks/README.md);
-    elsewhere, and for any other architecture, the model's own forward."""
+    machinery: SmolLM2-135M, 8 rows, 70 -> 59 ms a token; benchmarks/README.md); on a GPU (not
+    measured here), and for any other architecture, the model's own forward."""
     fast = DecodeStep.of(trunk) if torch.device(device).type == "cpu" else None
     if fast is not None:
         return fast
