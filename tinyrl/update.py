@@ -173,16 +173,14 @@ def _packed_hidden(trunk, pp_ids, pp_mask, ids, attn, lengths, row_prompt) -> to
     prompt positions gather their rows' gradients). Returns [n, t1, H], 0 past each row's length."""
     dev = ids.device
     n, t1 = ids.shape
-    k, L = pp_ids.shape
+    L = pp_ids.shape[1]
     plen = pp_mask.sum(-1)
     c = common_prefix_length(pp_ids, pp_mask)
     rest = plen - c
     # what each packed token is: segment kind (0 prefix, 1 a prompt's rest, 2 a row), its prompt, its
     # row, its index within its segment, its token and position
-    prompt_of = torch.repeat_interleave(torch.arange(k, device=dev), rest)
-    in_rest = torch.arange(prompt_of.numel(), device=dev) - (torch.cumsum(rest, 0) - rest)[prompt_of]
-    row = torch.repeat_interleave(torch.arange(n, device=dev), lengths)
-    col = torch.arange(row.numel(), device=dev) - (torch.cumsum(lengths, 0) - lengths)[row]
+    prompt_of, in_rest = _segments(rest)
+    row, col = _segments(lengths)
     pos_rows = positions(attn)[:, -t1:]
     valid = attn[:, -t1:].bool()
     tokens = torch.cat([pp_ids[0, L - int(plen[0]):][:c], pp_ids[prompt_of, L - rest[prompt_of] + in_rest],
@@ -206,6 +204,16 @@ def _packed_hidden(trunk, pp_ids, pp_mask, ids, attn, lengths, row_prompt) -> to
     h = trunk(input_ids=tokens[None], attention_mask=allowed, position_ids=pos[None],
               use_cache=False).last_hidden_state[0, c + prompt_of.numel():]
     return h.new_zeros(n * t1, h.shape[-1]).index_copy(0, row * t1 + col, h).view(n, t1, -1)
+
+
+def _segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Segments of `lengths` laid end to end: for each element, its segment and its index in it.
+
+    >>> [t.tolist() for t in _segments(torch.tensor([2, 0, 3]))]
+    [[0, 0, 2, 2, 2], [0, 1, 0, 1, 2]]
+    """
+    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    return owner, torch.arange(owner.numel(), device=lengths.device) - (torch.cumsum(lengths, 0) - lengths)[owner]
 
 
 @dataclass
