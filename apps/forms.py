@@ -4,10 +4,13 @@ shows the same message, naming the field, as the command line would print.
 
 The form's fields become dotted overrides only where they differ from the preset (+ profile),
 so the command the UI runs is the one a user would type. Free overrides come after them and win.
+
+The memory verdict beside the form is the planner's (`tinyrl plan`): the same functions, the same text.
 """
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from dataclasses import dataclass
@@ -17,6 +20,18 @@ from pathlib import Path
 import yaml
 
 from tinyrl.config import ConfigError, list_presets, load_config, parse_override, read_preset
+from tinyrl.planner import GPUS, PROFILE_GPUS, plan_config
+from tinyrl.planner.gpus import world_size_of
+from tinyrl.planner.memory import size
+from tinyrl.planner.report import (
+    budget_for,
+    budget_line,
+    format_plan,
+    maxima_of,
+    prompt_length,
+    this_machine,
+    verdict_lines,
+)
 
 # (form label, dotted config key); the order is the form's.
 FIELDS: tuple[tuple[str, str], ...] = (
@@ -160,23 +175,64 @@ def summary(cfg) -> str:
             f"recipe {cfg.algo.recipe or 'none'}, LoRA r {cfg.lora.r}")
 
 
-def memory_estimate(cfg) -> str | None:
-    """The memory planner's estimate (`tinyrl.plan`, when it exists), as text; None without a planner.
+DETECTED = "detected"  # the card dropdown's value for this process's card (its RAM without one)
 
-    The one place the UI calls the planner: wire its real API here."""
+
+@functools.cache
+def detected() -> tuple[str, int, str]:
+    """(device, bytes, label) of the machine the UI (and the runs it starts) runs on; asked once."""
+    return this_machine()
+
+
+def card_choices() -> list[tuple[str, str]]:
+    """The card dropdown: (shown, value) for the detected card, then every card the planner knows."""
+    device, total, label = detected()
+    here = label.removeprefix("this machine's ") if device == "cuda" else "CPU (RAM)"
+    return [(f"detected: {here}, {size(total)}", DETECTED)] + [(f"{g}, {size(b)}", g) for g, b in GPUS.items()]
+
+
+def card_for_profile(profile: str | None) -> str | None:
+    """The card a hardware profile names (24gb -> L4, 8xh100 -> H100), as `tinyrl plan --profile` plans it."""
+    return PROFILE_GPUS.get(profile or "")
+
+
+@dataclass
+class MemoryEstimate:
+    """The planner's answer for a config on a card, in `tinyrl plan`'s words."""
+
+    summary: str  # the budget, the verdict (peak of budget, fits or not), notes, the largest that fit
+    table: str  # the whole plan as `tinyrl plan` prints it ("" when the run could not be planned)
+    fits: bool | None  # None: not planned (the summary says why)
+
+
+_PROMPT_LENGTHS: dict[tuple, tuple[int | None, str]] = {}
+
+
+def _prompt_length(cfg) -> tuple[int | None, str]:
+    """report.prompt_length, remembered per model and data (it tokenises the run's prompts)."""
+    key = (cfg.model.name, cfg.model.gguf_file, repr(cfg.data))
+    if key not in _PROMPT_LENGTHS:
+        if len(_PROMPT_LENGTHS) >= 64:
+            _PROMPT_LENGTHS.clear()
+        _PROMPT_LENGTHS[key] = prompt_length(cfg)
+    return _PROMPT_LENGTHS[key]
+
+
+def memory_estimate(cfg, card: str = DETECTED, profile: str | None = None) -> MemoryEstimate:
+    """The memory plan of a validated config on `card` (a planner card name, or DETECTED), as
+    `tinyrl plan PRESET --gpu CARD [--profile P]` prints it; a profile sets the processes per run.
+
+    A config the planner cannot plan (a model whose config.json it cannot find, a card it does not
+    know) gets the planner's own message, as `tinyrl plan` would print it."""
     try:
-        from tinyrl import plan as planner
-    except ImportError:
-        return None
-    fn = getattr(planner, "plan", None) or getattr(planner, "estimate", None)
-    if not callable(fn):
-        return None
-    try:
-        result = fn(cfg)
-    except Exception as e:  # a planner bug must not stop a launch
-        return f"memory planner failed: {type(e).__name__}: {e}"
-    render = getattr(result, "table", None) or getattr(result, "render", None)
-    return str(render() if callable(render) else result)
+        device, budget, label = detected() if card in (DETECTED, "", None) else budget_for(cfg, card, None, None)
+        tokens, note = _prompt_length(cfg)
+        p = plan_config(cfg, device, budget, label, world_size_of(profile), tokens)
+    except ValueError as e:  # ConfigError too: what `tinyrl plan` would print as "tinyrl: error: ..."
+        return MemoryEstimate(f"no memory plan: {e}", "", None)
+    maxima = maxima_of(p)
+    return MemoryEstimate("\n".join([budget_line(p), *verdict_lines(p, maxima)]), format_plan(p, maxima, note),
+                          p.fits)
 
 
 def runs_dir_override(runs_dir: Path, name: str) -> list[str]:

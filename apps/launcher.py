@@ -23,7 +23,7 @@ from pathlib import Path
 from tinyrl.apps import procs, runs_view
 from tinyrl.apps.forms import Plan, runs_dir_override, split_overrides
 from tinyrl.apps.paths import check_name, inside, resolve_run
-from tinyrl.config import apply_overrides, config_from_dict, parse_override
+from tinyrl.config import parse_override, resolve
 
 
 class LaunchError(RuntimeError):
@@ -125,7 +125,7 @@ class Launcher:
             raise LaunchError(f"run {name!r} has no checkpoint to resume from")
         tokens = split_overrides(overrides)  # refuses log.run_dir / log.name: a resumed run stays put
         kv = {".".join(k): v for k, v in map(parse_override, tokens)}
-        config_from_dict(apply_overrides(runs_view.run_config(run), kv))  # same check the trainer makes
+        resolve(overrides=kv, resume=run, decide_auto=False)  # the resolution `tinyrl train --resume` makes
         cmd = [sys.executable, "-m", "tinyrl.cli", "train", "--resume", str(run), *tokens]
         self._spawn(cmd, run / "train.log", run / "train.pid", "train", "resume")
         return f"resuming {name} from {runs_view.checkpoints(run)[-1].name}"
@@ -155,7 +155,7 @@ class Launcher:
         run = self.run_path(name)
         out = Path(tempfile.mkdtemp(prefix="tinyrl-adapter-")) / f"{name}-adapter.zip"
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-            for root, dirs, files in os.walk(adapter, followlinks=False):
+            for root, _dirs, files in os.walk(adapter, followlinks=False):
                 for f in sorted(files):
                     p = Path(root) / f
                     if p.is_file() and not p.is_symlink() and inside(p, run):

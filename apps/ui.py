@@ -1,9 +1,10 @@
-"""The gradio page: Launch (preset, profile, key fields, overrides, live validation, Start),
+"""The gradio page: Launch (preset, profile, key fields, overrides, live validation, the memory
+planner's verdict on a chosen card, Start),
 Runs (table, live curves, alarms, samples, accuracy, log; Stop / Resume / Evaluate / adapter zip)
 and Compare (several runs on the same axes).
 
 Every handler is a thin call into forms / launcher / runs_view; a 2-second timer re-reads the
-run folders and sends only what changed. Named API endpoints (`/validate`, `/start`, `/stop`,
+run folders and sends only what changed. Named API endpoints (`/validate`, `/memory`, `/start`, `/stop`,
 `/resume`, `/evaluate`, `/download`, `/runs`, `/run_info`) make the same actions scriptable
 with gradio_client.
 """
@@ -17,8 +18,8 @@ import gradio as gr
 import pandas as pd
 
 from tinyrl.apps import forms, runs_view
-from tinyrl.apps.launcher import LaunchError, Launcher
-from tinyrl.apps.paths import UnsafePathError
+from tinyrl.apps.launcher import Launcher, LaunchError
+from tinyrl.apps.paths import UnsafePathError, check_name
 from tinyrl.config import DEFAULT_PRESET, ConfigError
 
 REFRESH_S = 2.0
@@ -57,7 +58,7 @@ def _frame(points: list[dict]) -> pd.DataFrame:
 def _plots(title_prefix: str, elem_prefix: str) -> dict[str, gr.LinePlot]:
     out = {}
     with gr.Row(equal_height=True):
-        for i, title in enumerate(runs_view.PANELS):
+        for title in runs_view.PANELS:
             out[title] = gr.LinePlot(_frame([]), x="step", y="value", color="series", label=f"{title_prefix}{title}",
                                      elem_id=f"{elem_prefix}{_slug(title)}", height=290, x_title="step", y_title=title,
                                      visible=title != "agent", min_width=300)
@@ -87,20 +88,32 @@ class App:
         return [forms.NO_RECIPE if k == "algo.recipe" and v is None else v for k, v in values.items()]
 
     def validate(self, preset, profile, *rest):
-        """(validation message, command line, memory estimate) for the form as it stands."""
+        """(validation message, command line) for the form as it stands."""
         *values, name, free = rest
         try:
             forms.check_preset(preset)
             plan = forms.validate(preset, profile, dict(zip(forms.KEYS, values)), free)
             if name:
-                from tinyrl.apps.paths import check_name
-
                 check_name(name)
         except (ConfigError, UnsafePathError) as e:
-            return f"**tinyrl: error:** `{e}`", "", gr.Markdown(visible=False)
-        memory = forms.memory_estimate(plan.config)
-        mem = gr.Markdown(f"**memory estimate**\n```text\n{memory}\n```", visible=True) if memory else gr.Markdown(visible=False)
-        return f"valid: {forms.summary(plan.config)}", plan.shown(), mem
+            return f"**tinyrl: error:** `{e}`", ""
+        return f"valid: {forms.summary(plan.config)}", plan.shown()
+
+    def memory(self, preset, profile, *rest):
+        """(verdict, the whole plan) of the memory planner for the form as it stands on the chosen card."""
+        *values, _name, free, card = rest
+        try:
+            forms.check_preset(preset)
+            plan = forms.validate(preset, profile, dict(zip(forms.KEYS, values)), free)
+        except ConfigError:
+            return "**memory plan:** none until the form is valid (see above)", ""
+        est = forms.memory_estimate(plan.config, card, profile or None)
+        return f"**memory plan** (`tinyrl plan`)\n```text\n{est.summary}\n```", \
+            f"```text\n{est.table}\n```" if est.table else ""
+
+    def profile_card(self, profile):
+        """A profile that names a card (24gb -> L4) chooses it for the memory plan; others leave the card."""
+        return forms.card_for_profile(profile) or gr.skip()
 
     @_user_errors
     def start(self, preset, profile, *rest):
@@ -225,6 +238,8 @@ def build_app(runs_dir: Path) -> gr.Blocks:
                     preset = gr.Dropdown(presets, value=default, label="preset", elem_id="preset")
                     profile = gr.Dropdown([""] + forms.profiles(default), value="", label="profile (hardware)",
                                           elem_id="profile")
+                    card = gr.Dropdown(forms.card_choices(), value=forms.DETECTED, label="card (for the memory plan)",
+                                       elem_id="card")
                 header = gr.Markdown(f"```text\n{forms.preset_header(default)}\n```", elem_id="preset-header")
                 fields = _form(default)
                 with gr.Row():
@@ -233,7 +248,9 @@ def build_app(runs_dir: Path) -> gr.Blocks:
                                       lines=2, placeholder="algo.beta=0.04 train.save_every=10", elem_id="overrides")
                 validation = gr.Markdown(elem_id="validation")
                 command = gr.Code(language="shell", label="the command the UI runs", elem_id="command", interactive=False)
-                memory = gr.Markdown(visible=False, elem_id="memory")
+                memory = gr.Markdown(elem_id="memory")
+                with gr.Accordion("memory plan: every component", open=False, elem_id="memory-table-box"):
+                    memory_table = gr.Markdown(elem_id="memory-table")
                 start = gr.Button("Start", variant="primary", elem_id="start-btn")
                 start_msg = gr.Markdown(elem_id="start-msg")
             with gr.Tab("Runs", id="runs"):
@@ -273,8 +290,11 @@ def build_app(runs_dir: Path) -> gr.Blocks:
         view = [run_status, accuracy, *plots.values(), alarms_df, samples_df, eval_md, log]
         preset.change(app.preset_changed, preset, [header, profile, *fields], api_visibility="private")
         profile.change(app.form_for, [preset, profile], fields, api_visibility="private")
-        gr.on([c.change for c in form_inputs], app.validate, form_inputs, [validation, command, memory],
+        profile.change(app.profile_card, profile, card, api_visibility="private")
+        gr.on([c.change for c in form_inputs], app.validate, form_inputs, [validation, command],
               trigger_mode="always_last", api_name="validate")
+        gr.on([c.change for c in [*form_inputs, card]], app.memory, [*form_inputs, card], [memory, memory_table],
+              trigger_mode="always_last", api_name="memory")
         start.click(app.start, form_inputs, [start_msg, run, tabs], api_name="start")
         stop.click(app.stop, run, action_msg, api_name="stop")
         resume.click(app.resume, [run, resume_over], action_msg, api_name="resume")
@@ -287,7 +307,8 @@ def build_app(runs_dir: Path) -> gr.Blocks:
                    show_progress="hidden")
         demo.load(lambda: gr.Dropdown(choices=runs_view.run_names(app.runs_dir), value=app.first_run()), None, run,
                   api_visibility="private")
-        demo.load(app.validate, form_inputs, [validation, command, memory], api_visibility="private")
+        demo.load(app.validate, form_inputs, [validation, command], api_visibility="private")
+        demo.load(app.memory, [*form_inputs, card], [memory, memory_table], api_visibility="private")
         gr.api(app.runs, api_name="runs")
         gr.api(app.run_info, api_name="run_info")
     return demo

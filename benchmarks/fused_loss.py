@@ -56,7 +56,6 @@ def make_inputs(n, vocab, hidden, dtype, device, train_head, seq_len=1024):
 
 def step(impl, d, chunk_size):
     """One loss forward + backward."""
-    import torch
 
     from tinyrl.algo.losses import policy_loss
     from tinyrl.config import AlgoConfig

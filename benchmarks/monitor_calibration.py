@@ -133,7 +133,7 @@ def child(spec: dict) -> None:
 
     torch.set_num_threads(1)
     import tinyrl
-    from tinyrl.trainer import StaleWeightsError
+    from tinyrl.errors import StaleWeightsError
 
     out = Path(spec["out"])
     try:
@@ -146,7 +146,7 @@ def child(spec: dict) -> None:
 
 def metrics_file(path: Path) -> Path:
     """The run's metrics.jsonl; a staged run (stages: [sft, grpo]) keeps the RL stage's, which is
-    the one the monitor watched, in stages/NN-grpo/ (tinyrl/stages.py)."""
+    the one the monitor watched, in stages/NN-grpo/ (tinyrl/methods/chain.py)."""
     staged = sorted(path.glob("stages/*-grpo/metrics.jsonl"))
     return staged[-1] if staged else path / "metrics.jsonl"
 

@@ -159,8 +159,8 @@ def loss_case(N: int, H: int, V: int, dtype, device: str) -> dict:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() if cuda else 0
-        fwd_s, (logp, ent) = _time(lambda: linear_logprobs(hh, w, t, impl=impl), cuda)
-        bwd_s, _ = _time(lambda: (logp * coef).sum().backward(), cuda)
+        fwd_s, (logp, ent) = _time(lambda hh=hh, impl=impl: linear_logprobs(hh, w, t, impl=impl), cuda)
+        bwd_s, _ = _time(lambda logp=logp: (logp * coef).sum().backward(), cuda)
         flops_f, flops_b = 2 * N * H * V, 4 * N * H * V  # backward: recompute logits + grad_hidden
         res[impl] = {"fwd_ms": 1e3 * fwd_s, "bwd_ms": 1e3 * bwd_s,
                      "fwd_tflops": flops_f / fwd_s / 1e12, "fwd_bwd_tflops": (flops_f + flops_b) / (fwd_s + bwd_s) / 1e12,

@@ -31,7 +31,7 @@ def main() -> None:
     n_train = sum(p.split == "train" for p in world.people)
     print(f"{len(world.people)} people ({n_train} train, {len(world.people) - n_train} held out), "
           f"{len(world.cities)} cities, {len(world.jobs)} jobs")
-    for name, path in paths.items():
+    for path in paths.values():
         print(f"  {path}  {path.stat().st_size / 1024:.0f} KB")
 
 

@@ -259,8 +259,9 @@ def batches(episodes: Episodes, tok, rng: random.Random, batch_size: int, pool: 
 
 def quick_check(model, tok, rows: list[dict], args) -> str:
     """T=1 EM with and without the search tool, and searches per question, on a few held-out rows."""
-    from tinyrl.agents import AgentConfig, build_agent
+    from tinyrl.agents.environments import build_agent
     from tinyrl.agents.probe import run_episodes, summarize
+    from tinyrl.config.schema_agent import AgentConfig
     from tinyrl.tasks import get_task
 
     out = []
@@ -316,8 +317,9 @@ def held_out_rows(n: int) -> list[dict]:
 
 def evaluate(model, tok, rows: list[dict], args) -> dict:
     """Probe on held-out rows with the search tool and with no tools at all."""
-    from tinyrl.agents import AgentConfig, build_agent
+    from tinyrl.agents.environments import build_agent
     from tinyrl.agents.probe import probe
+    from tinyrl.config.schema_agent import AgentConfig
     from tinyrl.tasks import get_task
 
     task = get_task("search_qa")

@@ -22,7 +22,8 @@ def main(argv: list[str]) -> None:
     resume = None
     if args and args[0] == "--resume":
         resume, args = args[1], args[2:]
-    from tinyrl import api, distributed, trainer as trainer_mod
+    from tinyrl import api, distributed
+    from tinyrl import trainer as trainer_mod
     from tinyrl.config import parse_override
 
     kv = {".".join(k): v for k, v in map(parse_override, args)}

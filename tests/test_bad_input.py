@@ -301,7 +301,6 @@ CASES = [
 def finished(tmp_path_factory):
     """A finished two-step run folder of the shipped tiny model (checkpointed each step)."""
     from tinyrl.api import train as api_train
-
     from tinyrl.config import parse_override
 
     overrides = {".".join(k): v for k, v in map(parse_override, TINY)}

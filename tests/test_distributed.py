@@ -41,9 +41,10 @@ def test_prompt_shares_are_the_single_process_order_split_by_rank():
 
 
 def test_a_prompt_samples_the_same_in_any_batch(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from tinyrl.rollout.base import SamplingParams
     from tinyrl.rollout.hf import HFEngine
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
     engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tok, seed=5)

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tinyrl.monitor import RULES, Alarm, Monitor, MonitorConfig, apply_action
+from tinyrl.monitor import RULES, Alarm, Monitor, MonitorConfig, planned_action
 from tinyrl.runs import read_jsonl
+from tinyrl.trainer import patched
 
 N = 40
 
@@ -319,7 +320,8 @@ def test_monitor_state_survives_a_checkpoint():
 
 
 def test_monitor_config_is_checked_like_the_run_config():
-    from tinyrl.config import ConfigError, _build
+    from tinyrl.config import ConfigError
+    from tinyrl.config import build as _build
 
     assert _build(MonitorConfig, {"window": 8, "disabled": ["echo_trap"]}, "monitor").window == 8
     with pytest.raises(ConfigError, match="monitor.window"):
@@ -334,9 +336,9 @@ def test_monitor_config_is_checked_like_the_run_config():
 
 
 def fake_trainer(**cfg) -> SimpleNamespace:
-    from tinyrl.config import AlgoConfig
+    from tinyrl.config import RunConfig
 
-    return SimpleNamespace(cfg=SimpleNamespace(algo=AlgoConfig()), monitor=Monitor(MonitorConfig(**cfg)))
+    return SimpleNamespace(cfg=RunConfig(), monitor=Monitor(MonitorConfig(**cfg)))
 
 
 def first_alarm(trainer, rows, name) -> Alarm:
@@ -350,23 +352,26 @@ def first_alarm(trainer, rows, name) -> Alarm:
 def test_actions_are_off_by_default():
     t = fake_trainer()
     a = first_alarm(t, patch(healthy(), "zero_std_frac", _set(0.95), 10), "advantage_collapse")
-    assert a.action_key == "dynamic_sampling" and apply_action(t, a) is None
-    assert t.cfg.algo.dynamic_sampling is False and a.applied is None
+    assert a.action_key == "dynamic_sampling" and planned_action(t.monitor, a, t.cfg) is None
 
 
-def test_auto_dynamic_sampling_turns_it_on():
+def test_auto_dynamic_sampling_turns_it_on_as_a_config_patch():
     t = fake_trainer(auto_dynamic_sampling=True)
     a = first_alarm(t, patch(healthy(), "zero_std_frac", _set(0.95), 10), "advantage_collapse")
-    assert "dynamic_sampling" in apply_action(t, a)
-    assert t.cfg.algo.dynamic_sampling is True
-    assert t.monitor.fired[-1]["applied"] == a.applied  # recorded with the alarm (alarms.jsonl, report)
+    act = planned_action(t.monitor, a, t.cfg)
+    assert "dynamic_sampling" in act.message and act.patch == {"algo.dynamic_sampling": True}
+    assert patched(t.cfg, act.patch).algo.dynamic_sampling is True and t.cfg.algo.dynamic_sampling is False
+    on = patched(t.cfg, act.patch)
+    assert planned_action(t.monitor, a, on).patch == {}  # already on: nothing to change
 
 
 def test_auto_clip_higher_raises_epsilon_high():
     t = fake_trainer(auto_clip_higher=True, auto_epsilon_high=0.3)
     a = first_alarm(t, patch(healthy(), "entropy", _set(0.3), 12), "entropy_collapse")
-    assert "0.3" in apply_action(t, a)
-    assert t.cfg.algo.epsilon_high == 0.3 and t.cfg.algo.epsilon_low == 0.2  # the one copy the loss reads
+    act = planned_action(t.monitor, a, t.cfg)
+    assert "0.3" in act.message and act.patch == {"algo.epsilon_high": 0.3}
+    algo = patched(t.cfg, act.patch).algo
+    assert algo.epsilon_high == 0.3 and algo.epsilon_low == 0.2
 
 
 def lora_of(model) -> dict:
@@ -374,25 +379,26 @@ def lora_of(model) -> dict:
 
 
 def test_auto_rollback_restores_the_last_checkpoint(tiny_model_dir, run_root, one_thread):
-    from tinyrl.api import build_trainer
     from tests.test_training import small
+    from tinyrl.api import build_trainer
 
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{
         "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False}))
     t.monitor = Monitor(MonitorConfig(auto_rollback=True))
     alarm = Alarm("gradient_explosion", 1, "grad norm 50x", "lower lr", action_key="rollback")
-    assert "no checkpoint" in apply_action(t, alarm)
+    rollback = planned_action(t.monitor, alarm, t.cfg)
+    assert rollback.rollback and "no checkpoint" in t.take(rollback)
     t.train_step()
     t.save_checkpoint()
     saved = lora_of(t.model)
     t.train_step()
     assert any(not torch.equal(saved[n], p) for n, p in lora_of(t.model).items())
     calls = t.engine.calls
-    assert "step-000001" in apply_action(t, alarm)
+    assert "step-000001" in t.take(rollback)
     assert all(torch.equal(saved[n], p) for n, p in lora_of(t.model).items())
-    assert t.step == 2 and t.engine.calls == calls and t.monitor.rollbacks == 1  # data and step count go on
+    assert t.state.step == 2 and t.engine.calls == calls and t.monitor.rollbacks == 1  # data and step count go on
     t.monitor.cfg.max_rollbacks = 1
-    assert "nothing changed" in apply_action(t, alarm)
+    assert "nothing changed" in t.take(rollback)
 
 
 # --------------------------------------------------------------------------- the canary, on a real run
@@ -403,7 +409,7 @@ def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread
     the initial policy whose sync does nothing) under a real run: the canary stops it at step 2."""
     from tests.test_training import small
     from tinyrl import api
-    from tinyrl.trainer import StaleWeightsError
+    from tinyrl.errors import StaleWeightsError
 
     with pytest.raises(StaleWeightsError, match="stale_weights at step 2"):
         api.train(**small(tiny_model_dir, run_root, **{

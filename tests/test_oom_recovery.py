@@ -36,7 +36,7 @@ def test_update_oom_halves_the_micro_batch_and_gives_the_same_adapter(tiny_model
     monkeypatch.setattr(upd.kernels, "fused_linear_grpo_loss", tight_memory)
     t = build_trainer(overrides=small(tiny_model_dir, run_root, "oom"))
     run = t.train()
-    assert t.micro_batch == 4 and t.oom_retries == 2  # 16 -> 8 -> 4, once
+    assert t.state.micro_batch == 4 and t.state.oom_retries == 2  # 16 -> 8 -> 4, once
     assert [m["micro_batch_now"] for m in run.metrics] == [4, 4, 4]
     a, b = lora(plain.model), lora(t.model)
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
@@ -53,6 +53,6 @@ def test_rollout_oom_samples_again_with_fewer_prompts(tiny_model_dir, run_root, 
 
     t.engine.generate = tight
     metrics, _ = t.train_step()
-    assert t.rollout_prompts == 2 and metrics["oom_retries_total"] == 1
+    assert t.state.rollout_prompts == 2 and metrics["oom_retries_total"] == 1
     batch, _ = t.collect_batch()
     assert batch.num_rows == 16 and batch.group.tolist() == [g for g in range(4) for _ in range(4)]

@@ -20,7 +20,6 @@ from tinyrl.errors import ConfigError
 from tinyrl.planner import ARCHITECTURES, GPUS, build, kv_cache_bytes, largest, parse_memory, plan_config
 from tinyrl.planner import memory as M
 from tinyrl.planner.arch import from_config, resolve_arch
-from tinyrl.planner.plan import setup_from_config
 
 
 def llama_cfg(**kw):
@@ -201,8 +200,8 @@ def preset_cases():
 def test_plan_of_every_preset_and_profile(preset, profile):
     """Values positive; the peak grows with micro-batch, generations and length; the verdict flips
     where memory runs out, and `largest` finds the edge."""
-    from tinyrl.planner.report import budget_for
     from tinyrl.planner.gpus import world_size_of
+    from tinyrl.planner.report import budget_for
 
     _, cfg = load_config(preset, profile=profile)
     device, budget, _ = budget_for(cfg, None, None, profile)
@@ -404,3 +403,44 @@ def test_the_cpu_rollout_plans_the_decode_copies_merged_lora_linears_makes():
     assert M.decode_copy_bytes(setup_for(arch, device="cuda"), 2 ** 40) == 0
     rows = [r.name for r in build(s, 2 ** 34).rows]
     assert any(r.startswith("decode copies: LoRA linears merged") for r in rows)
+
+
+def test_planner_modules_import_one_way_and_import_tinyrl_planner_stays_light():
+    """The gradient-checkpointing rule lives beside plan_config: checkpointing.py imports plan.py, never
+    the other way, and no planner module imports another inside a function. `import tinyrl.planner`
+    (and its checkpointing module, which the trainer imports) loads neither torch nor the model loader."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import tinyrl.planner
+    from tinyrl.planner import checkpointing, plan
+
+    root = Path(tinyrl.planner.__file__).parent
+    for f in sorted(root.glob("*.py")):
+        for fn in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                assert not any(n.startswith("tinyrl.planner") for n in names), f"{f.name}:{node.lineno}"
+    assert "checkpointing" not in {n for node in ast.walk(ast.parse((root / "plan.py").read_text()))
+                                   if isinstance(node, ast.ImportFrom) for n in (node.module or "").split(".")}
+    assert checkpointing.checkpointing_pays is plan.checkpointing_pays and checkpointing.decide is plan.decide
+    code = ("import sys, tinyrl.planner, tinyrl.planner.checkpointing; "
+            "print(sorted(m for m in ('torch', 'transformers', 'tinyrl.model', 'tinyrl.data') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+
+
+def test_cli_plan_gives_a_small_peak_in_mib(capsys):
+    """A peak below 1 GiB reads as MiB (the tiny CPU preset's is tens of MiB, not "0.03 GiB")."""
+    import re
+
+    out = cli(capsys, "tiny_grpo_cpu", "--no-search")
+    assert out.returncode == 0, out.stderr
+    verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict:"))
+    assert re.fullmatch(r"verdict: FITS: [0-9]+\.[0-9] MiB of [0-9]+\.[0-9]{2} GiB \([0-9]+%\)", verdict), verdict
+    assert M.size(3 * 2**28) == "768.0 MiB" and M.size(3 * 2**30) == "3.00 GiB"

@@ -91,7 +91,7 @@ def test_crash_mid_checkpoint_leaves_previous_loadable(tiny_model_dir, run_root,
     assert [p.name for p in t.run.ckpt_dir.iterdir()] == [good.name]  # and its temp directory is gone
     t.run.unlock()  # this trainer is done with the folder (train() releases it; a build_trainer caller does)
     t2 = build_trainer(resume=t.run.path, overrides={"log.progress": False})
-    assert t2.step == 1
+    assert t2.state.step == 1
 
 
 def test_keep_last_k(tiny_model_dir, run_root):

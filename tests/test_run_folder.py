@@ -244,7 +244,7 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_loads(run_copy, caplog)
     with caplog.at_level(logging.WARNING):
         t = build_trainer(resume=run_copy)
     t.run.unlock()
-    assert t.step == 1
+    assert t.state.step == 1
     text = caplog.text
     assert "skipping checkpoint step-000002" in text and "trainer_state.pt is truncated or corrupt" in text
     assert [p.name for p in RunDir(run_copy).checkpoints()] == ["step-000001"]

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tinyrl import selfimprove, sft
 from tinyrl.api import train
 from tinyrl.cli import main
+from tinyrl.methods import selfimprove
 from tinyrl.runs import read_jsonl
 from tinyrl.tasks.arithmetic import has_carry, is_held_out, operand_range
 
@@ -44,7 +44,7 @@ def test_arithmetic_hint_is_the_same_answer_without_a_carry():
 
 def test_rest_em_fine_tunes_the_base_every_iteration_and_samples_the_latest_iterate(run_root, monkeypatch):
     at_fit, sampled_from = [], []
-    real_fit, real_sample = sft.fit, selfimprove.SelfImprove.sample
+    real_fit, real_sample = selfimprove.fit, selfimprove.SelfImprove.sample
 
     def spy_fit(cfg, model, tok, rows, folder):
         at_fit.append(lora_state(model))  # the adapter the M-step starts from
@@ -54,7 +54,7 @@ def test_rest_em_fine_tunes_the_base_every_iteration_and_samples_the_latest_iter
         sampled_from.append((k, adapter))
         return real_sample(self, k, adapter)
 
-    monkeypatch.setattr(sft, "fit", spy_fit)
+    monkeypatch.setattr(selfimprove, "fit", spy_fit)
     monkeypatch.setattr(selfimprove.SelfImprove, "sample", spy_sample)
     run = train("tiny_rest_em_cpu", **small(run_root, "rest"))
     assert len(at_fit) == 2
@@ -83,19 +83,19 @@ def test_rest_em_run_folder_metrics_and_summary(run_root):
         assert len(kept) == rows[k]["kept"] and all(r["reward"] == 1.0 for r in kept)
     summary = json.loads((run.path / "summary.json").read_text())
     assert summary["eval_before"] == rows[0]["eval_acc"] and summary["eval_after"] == rows[-1]["eval_acc"]
-    assert summary["samples_used"] == 128 and summary["iterations"] == 2
+    assert summary["details"]["samples_used"] == 128 and summary["details"]["iterations"] == 2
     assert (run.path / "adapter" / "adapter_config.json").is_file() and (run.path / "report.txt").is_file()
 
 
 def test_star_keeps_rationales_without_the_hint(run_root, monkeypatch):
     trained_on = []
-    real_fit = sft.fit
+    real_fit = selfimprove.fit
 
     def spy_fit(cfg, model, tok, rows, folder):
         trained_on.extend(rows)
         return real_fit(cfg, model, tok, rows, folder)
 
-    monkeypatch.setattr(sft, "fit", spy_fit)
+    monkeypatch.setattr(selfimprove, "fit", spy_fit)
     # one sample per prompt: the tiny base misses many carrying sums, so many prompts get a hint
     run = train("tiny_star_cpu", **small(run_root, "star", **{
         "selfimprove.iterations": 1, "selfimprove.prompts_per_iter": 32, "selfimprove.samples_per_prompt": 1,
@@ -121,7 +121,7 @@ def test_killed_mid_iteration_resumes_to_the_same_result(run_root, monkeypatch):
     whole = train("tiny_star_cpu", **small(run_root, "whole"))
 
     calls = []
-    real_fit = sft.fit
+    real_fit = selfimprove.fit
 
     def crash_in_second_m_step(*args, **kwargs):
         calls.append(1)
@@ -130,7 +130,7 @@ def test_killed_mid_iteration_resumes_to_the_same_result(run_root, monkeypatch):
         return real_fit(*args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(sft, "fit", crash_in_second_m_step)
+        m.setattr(selfimprove, "fit", crash_in_second_m_step)
         with pytest.raises(RuntimeError, match="killed"):
             train("tiny_star_cpu", **small(run_root, "cut"))
     cut = whole.path.parent / "cut"

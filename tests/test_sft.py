@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tinyrl import sft
 from tinyrl.api import train
 from tinyrl.cli import main
 from tinyrl.config import ConfigError, load_config
+from tinyrl.methods import sft_data, sft_trl
 from tinyrl.model import ModelLoadError, load_policy
 from tinyrl.runs import read_jsonl
 
@@ -32,8 +32,8 @@ def trainer_for(rows, **overrides):
     _, cfg = load_config("tiny_sft_cpu", {**FAST, **overrides})
     torch.manual_seed(0)
     model, tok = load_policy(cfg.model, cfg.lora)
-    dataset = sft.tokenize(rows, tok, cfg.data)
-    return sft.make_trainer(cfg, model, tok, dataset, Path("unused-checkpoints")), tok
+    dataset = sft_data.tokenize(rows, tok, cfg.data)
+    return sft_trl.make_trainer(cfg, model, tok, dataset, Path("unused-checkpoints")), tok
 
 
 ROWS = [{"prompt": "37+48=", "completion": "85"}, {"prompt": "5+7=", "completion": "12"},
@@ -114,7 +114,7 @@ def test_tinyrl_sft_cli_trains_on_a_jsonl_file(tmp_path, capsys):
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["loss"] > 0 and "lr" in m and "grad_norm" in m for m in metrics)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["rows"] == 60 and not summary["interrupted"]
+    assert summary["steps"] == 3 and summary["details"]["rows"] == 60 and not summary["interrupted"]
     assert summary["eval_before"] is not None and summary["eval_after"] is not None
 
 
@@ -128,7 +128,7 @@ def test_sft_cold_start_beats_the_base_on_held_out_sums(run_root):
 
 
 def _sigint_at(step):
-    original = sft.MetricsCallback.on_log
+    original = sft_trl.MetricsCallback.on_log
 
     def on_log(self, args, state, control, logs=None, **kw):
         original(self, args, state, control, logs=logs, **kw)
@@ -143,11 +143,11 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_ends_where_the_uninterrupted_run_d
     whole = train("tiny_sft_cpu", **small(run_root, "whole", **overrides))
 
     with monkeypatch.context() as m:
-        m.setattr(sft.MetricsCallback, "on_log", _sigint_at(1))
+        m.setattr(sft_trl.MetricsCallback, "on_log", _sigint_at(1))
         cut = train("tiny_sft_cpu", **small(run_root, "cut", **overrides))
     assert cut.interrupted and not (cut.path / "adapter").exists()
     # Ctrl-C during step 1's logging is honoured at the next step's end, with a checkpoint there
-    assert sft.last_checkpoint(cut.path / "checkpoints").name == "checkpoint-2"
+    assert sft_trl.last_checkpoint(cut.path / "checkpoints").name == "checkpoint-2"
     assert [r["step"] for r in read_jsonl(cut.path / "metrics.jsonl")] == [1, 2]
     assert json.loads((cut.path / "summary.json").read_text())["interrupted"] is True
 
@@ -170,9 +170,9 @@ def test_rows_from_a_run_folder_keep_the_rewarded_samples(tmp_path):
                {"step": 2, "prompt": "5+7=", "completion": "12", "reward": None}]
     (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     _, cfg = load_config("tiny_sft_cpu", {"sft.data": str(run), "sft.min_reward": 1.0})
-    assert sft.load_rows(cfg) == [{"rendered": "37+48=", "completion": "85", "reward": 1.0}] * 2
+    assert sft_data.sft_rows(cfg) == [{"rendered": "37+48=", "completion": "85", "reward": 1.0}] * 2
     _, cfg = load_config("tiny_sft_cpu", {"sft.data": str(run), "sft.min_reward": 1.0, "sft.max_per_prompt": 1})
-    assert len(sft.load_rows(cfg)) == 1
+    assert len(sft_data.sft_rows(cfg)) == 1
     with pytest.raises(ConfigError, match="sft.min_reward: is required when sft.data is a run folder"):
         load_config("tiny_sft_cpu", {"sft.data": str(run)})
     with pytest.raises(ConfigError, match="sft.data: not found"):
@@ -181,12 +181,12 @@ def test_rows_from_a_run_folder_keep_the_rewarded_samples(tmp_path):
     bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
     _, cfg = load_config("tiny_sft_cpu", {"sft.data": str(bad)})
     with pytest.raises(ConfigError, match="sft.data: row 0 .* has no 'completion' column"):
-        sft.load_rows(cfg)
+        sft_data.sft_rows(cfg)
 
 
 def test_the_task_rows_are_the_true_answers():
     _, cfg = load_config("tiny_sft_cpu", {"data.num_train": 5})
-    rows = sft.load_rows(cfg)
+    rows = sft_data.sft_rows(cfg)
     assert len(rows) == 5
     assert all(eval(r["prompt"][:-1]) == int(r["completion"]) for r in rows)  # "37+48=" -> "85"
 
@@ -206,12 +206,14 @@ def test_model_adapter_takes_a_run_folder_and_names_the_field_when_wrong(run_roo
 
 
 def test_import_tinyrl_stays_light():
-    code = ("import sys, tinyrl, tinyrl.sft, tinyrl.stages, tinyrl.selfimprove\n"
-            "heavy = [m for m in ('trl', 'datasets', 'transformers', 'torch') if m in sys.modules]\n"
-            "assert not heavy, heavy\n"
+    """Validating a config that names methods checks their names: no method module, no TRL, no datasets."""
+    code = ("import sys, tinyrl\n"
+            "assert 'torch' not in sys.modules\n"
             "from tinyrl.config import load_config\n"
             "load_config('tiny_sft_grpo_cpu'); load_config('tiny_star_cpu')\n"
-            "assert 'trl' not in sys.modules and 'datasets' not in sys.modules\n")
+            "loaded = [m for m in ('trl', 'datasets', 'transformers', 'peft', 'tinyrl.model', 'tinyrl.methods.sft',\n"
+            "          'tinyrl.methods.selfimprove', 'tinyrl.methods.chain', 'tinyrl.methods.grpo') if m in sys.modules]\n"
+            "assert not loaded, loaded\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

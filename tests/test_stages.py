@@ -7,11 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tinyrl import stages
 from tinyrl.api import train
 from tinyrl.cli import main
 from tinyrl.config import ConfigError, load_config
-from tinyrl.runs import read_jsonl
+from tinyrl.methods import chain, grpo
+from tinyrl.methods.registry import METHODS
+from tinyrl.runs import RunDir, read_jsonl
 from tinyrl.trainer import Trainer
 
 SMALL = {"sft.max_steps": 3, "sft.batch_size": 8, "train.steps": 2, "train.prompts_per_step": 4,
@@ -43,10 +44,8 @@ def test_grpo_stage_starts_from_the_sft_adapter(run_root):
 
     # and the GRPO trainer the stage builds holds the SFT weights before its first step
     _, cfg = load_config("tiny_sft_grpo_cpu", small(run_root, "unused"))
-    cfg = stages.stage_config(cfg, str(sft_dir / "adapter"))
-    from tinyrl.runs import RunDir
-
-    trainer = Trainer(cfg, RunDir(run.path / "probe"))
+    cfg = chain.stage_config(cfg, str(sft_dir / "adapter"))
+    trainer = grpo.build(cfg, RunDir(run.path / "probe"))
     state = {k.replace(".default", ""): v for k, v in trainer.model.state_dict().items() if "lora_" in k}
     assert same(state, weights(sft_dir))
 
@@ -62,9 +61,10 @@ def test_sft_then_grpo_is_one_command(tmp_path, capsys):
     assert not same(weights(run / "stages" / "02-grpo"), weights(run / "stages" / "01-sft"))  # GRPO trained
     assert same(weights(run), weights(run / "stages" / "02-grpo"))  # the run's adapter is the last stage's
     summary = json.loads((run / "summary.json").read_text())
-    assert [s["stage"] for s in summary["stages"]] == ["sft", "grpo"]
-    assert summary["eval_before"] == summary["stages"][0]["eval_before"]
-    assert summary["eval_after"] == summary["stages"][1]["eval_after"] is not None
+    stages = summary["details"]["stages"]
+    assert [s["stage"] for s in stages] == ["sft", "grpo"]
+    assert summary["eval_before"] == stages[0]["eval_before"]
+    assert summary["eval_after"] == stages[1]["eval_after"] is not None
 
 
 def test_an_interrupted_chain_resumes_in_its_grpo_stage(run_root, monkeypatch):
@@ -73,7 +73,7 @@ def test_an_interrupted_chain_resumes_in_its_grpo_stage(run_root, monkeypatch):
     real_step = Trainer.train_step
 
     def ctrl_c_at_step_2(self):
-        if self.step == 1:
+        if self.state.step == 1:
             raise KeyboardInterrupt
         return real_step(self)
 
@@ -83,8 +83,8 @@ def test_an_interrupted_chain_resumes_in_its_grpo_stage(run_root, monkeypatch):
     assert cut.interrupted and json.loads((cut.path / "summary.json").read_text())["interrupted"]
 
     sft_runs = []
-    real_sft = stages.STAGES["sft"]
-    monkeypatch.setitem(stages.STAGES, "sft", lambda cfg, run: sft_runs.append(run) or real_sft(cfg, run))
+    real_sft = METHODS["sft"]
+    monkeypatch.setitem(METHODS, "sft", lambda cfg, run, **kw: sft_runs.append(run) or real_sft(cfg, run, **kw))
     resumed = train(resume=cut.path)
     assert sft_runs == []  # the finished SFT stage is not run again
     assert same(weights(resumed.path), weights(whole.path))

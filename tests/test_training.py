@@ -139,7 +139,7 @@ def test_non_finite_step_is_skipped_and_reported(tiny_model_dir, run_root):
     lora1, _ = lora_and_base(t.model)
     assert metrics["skipped_nonfinite"] and metrics["skipped_steps_total"] == 1
     assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)  # weights untouched
-    alarms = t.monitor.update(t.step, metrics)
+    alarms = t.monitor.update(t.state.step, metrics)
     assert any(a.name == "gradient_explosion" and "skipped" in a.evidence for a in alarms)
 
 
@@ -164,7 +164,7 @@ def test_a_batch_without_signal_does_not_move_the_weights(tiny_model_dir, run_ro
     lora1, _ = lora_and_base(t.model)
     assert metrics["skipped_no_signal"] and metrics["zero_std_frac"] == 1.0 and metrics["grad_norm"] == 0.0
     assert all(torch.equal(lora0[n], lora1[n]) for n in lora0)
-    assert "update_kl" not in metrics and t.no_signal_steps == 1 and t.step == 2  # no update: nothing measured
+    assert "update_kl" not in metrics and t.state.no_signal_steps == 1 and t.state.step == 2  # no update: nothing measured
 
 
 def test_update_kl_is_measured_after_the_update(tiny_model_dir, run_root):

@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("gradio", reason="the UI needs the ui extra: pip install -e '.[ui]'")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
-
 from ui_helpers import QUICK, UIServer, kill_runs, wait_for  # noqa: E402
 
 from tinyrl.apps import forms  # noqa: E402
@@ -89,10 +88,14 @@ def test_start_watch_reattach_stop_resume(ui, tmp_path):
 @pytest.mark.slow
 def test_bad_input_and_traversal_are_refused(ui, tmp_path):
     _, client = ui()
-    shown, command, _ = client.predict(*start_args("", "algo.scale=groups"), api_name="/validate")
+    shown, command = client.predict(*start_args("", "algo.scale=groups"), api_name="/validate")
     assert "algo.scale: expected one of 'group', 'batch', 'none', got 'groups'" in shown and command == ""
-    shown, command, _ = client.predict(*start_args("", "algo.beta=0.04"), api_name="/validate")
+    shown, command = client.predict(*start_args("", "algo.beta=0.04"), api_name="/validate")
     assert shown.startswith("valid:") and command.endswith("algo.beta=0.04")
+    verdict, table = client.predict(*start_args("", "algo.beta=0.04"), "4090", api_name="/memory")
+    assert "budget  --gpu 4090" in verdict and "verdict: FITS" in verdict and "total at peak" in table
+    verdict, table = client.predict(*start_args("", "algo.scale=groups"), "4090", api_name="/memory")
+    assert "none until the form is valid" in verdict and table == ""
     with pytest.raises(AppError, match="algo.scale: expected one of"):
         client.predict(*start_args("x", "algo.scale=groups"), api_name="/start")
     with pytest.raises(AppError, match="log.run_dir: set by the UI"):

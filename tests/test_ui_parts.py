@@ -4,6 +4,7 @@
 import doctest
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ import pytest
 
 from tinyrl.apps import forms, paths, procs, runs_view, server
 from tinyrl.config import ConfigError
+from tinyrl.planner import GPUS
+from tinyrl.planner.report import run as tinyrl_plan
 
 
 @pytest.mark.parametrize("module", [paths, forms, runs_view, server], ids=lambda m: m.__name__)
@@ -121,6 +124,51 @@ def test_plan_command_is_the_cli_command():
 def test_preset_header_is_its_comment_block():
     header = forms.preset_header("tiny_grpo_cpu")
     assert header.startswith("tiny_grpo_cpu") and "Memory:" in header and "description:" not in header
+
+
+# --------------------------------------------------------------------------- the memory plan
+
+VERDICT = re.compile(r"verdict: (FITS|DOES NOT FIT): [0-9.]+ (MiB|GiB) of [0-9.]+ GiB")
+
+
+def test_memory_estimate_of_the_default_is_tinyrl_plan_on_this_machine():
+    est = forms.memory_estimate(forms.validate("tiny_grpo_cpu", None, {}, "").config)
+    device, _, label = forms.detected()
+    assert est.fits is True and VERDICT.search(est.summary).group(1) == "FITS"
+    assert est.summary.startswith(f"budget  {label} = ") and "largest that fit" in est.summary
+    if device == "cpu":  # the tiny run's peak is tens of MiB of the machine's RAM
+        assert label == "this machine's RAM" and VERDICT.search(est.summary).group(2) == "MiB"
+    _, printed = tinyrl_plan("tiny_grpo_cpu", [])  # `tinyrl plan tiny_grpo_cpu`: the same card, the same words
+    assert est.table == printed and set(est.summary.splitlines()) <= set(printed.splitlines())
+
+
+def test_memory_estimate_of_a_gpu_preset_follows_the_card():
+    cfg = forms.validate("qwen2.5-7b_grpo_math_gpu", None, {}, "").config
+    small, big = forms.memory_estimate(cfg, "4090"), forms.memory_estimate(cfg, "H100")
+    assert small.fits is False and VERDICT.search(small.summary).groups() == ("DOES NOT FIT", "GiB")
+    assert big.fits is True and VERDICT.search(big.summary).groups() == ("FITS", "GiB")
+    assert small.summary.startswith("budget  --gpu 4090 = 23.99 GiB") and "--gpu H100" in big.summary
+    assert "rollout.num_generations=" in big.summary
+    assert big.table == tinyrl_plan("qwen2.5-7b_grpo_math_gpu", [], gpu="H100")[1]
+    # a profile sets the processes per run, as `tinyrl plan --profile 8xh100` does (each rank: its prompts)
+    cfg8 = forms.validate("qwen2.5-7b_grpo_math_gpu", "8xh100", {}, "").config
+    eight = forms.memory_estimate(cfg8, forms.card_for_profile("8xh100"), "8xh100")
+    assert eight.table == tinyrl_plan("qwen2.5-7b_grpo_math_gpu", [], profile="8xh100", gpu="H100")[1]
+
+
+def test_memory_estimate_of_an_unplannable_run_says_why():
+    cfg = forms.validate("tiny_grpo_cpu", None, {"model.name": "no-such-org/no-such-model"}, "").config
+    est = forms.memory_estimate(cfg, "4090")
+    assert est.fits is None and est.table == ""
+    assert est.summary.startswith("no memory plan: model.name 'no-such-org/no-such-model': no config.json")
+    assert "--gpu 'Z80': must be one of" in forms.memory_estimate(cfg, "Z80").summary
+
+
+def test_card_choices_are_this_machine_then_the_planners_cards():
+    choices = forms.card_choices()
+    assert choices[0][1] == forms.DETECTED and choices[0][0].startswith("detected: ")
+    assert [v for _, v in choices[1:]] == list(GPUS)
+    assert forms.card_for_profile("24gb") == "L4" and forms.card_for_profile("") is None
 
 
 # --------------------------------------------------------------------------- run folders

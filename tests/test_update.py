@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tinyrl.model.forward as model_mod
 from tinyrl.algo.losses import BatchTotals, policy_loss
 from tinyrl.api import build_trainer
-import tinyrl.model as model_mod
 from tinyrl.model import common_prefix_length, trunk_of
 from tinyrl.update import completion_hidden, micro_batches, policy_update, rows_to_compute
 

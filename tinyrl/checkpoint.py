@@ -1,9 +1,10 @@
-"""Checkpoints of a run: everything needed to continue bit for bit.
+"""Checkpoint files of a run: everything needed to continue bit for bit.
 
-A checkpoint holds the LoRA adapter (peft format, `adapter/`) and `trainer_state.pt`:
-optimizer, LR scheduler, RNG states (python, numpy, torch), prompt-order position, step,
-monitor state, the rollout engine's sampling seed position, and the run's config. RunDir
-writes it atomically.
+A checkpoint holds the LoRA adapter (peft format, `adapter/`) and `trainer_state.pt`, the dict
+the trainer's `state_dict()` gives (its `TrainerState`, optimizer, LR scheduler, RNG states,
+prompt-order position, the engine's sampling position, the monitor, the config). The trainer
+owns what goes in and how it is restored; this module owns the files: `write` (atomic, through
+RunDir), `read` (checked whole), `newest` (skipping corrupt ones), and RNG capture.
 
 Loading reads and checks every file before it changes anything (`read`, then `apply`), so
 a checkpoint that turns out corrupt leaves the trainer as it was, and `load_latest` goes
@@ -23,16 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
+
+from tinyrl.errors import ResumeError
 
 log = logging.getLogger("tinyrl.checkpoint")
 STATE_FILE = "trainer_state.pt"
 ADAPTER_FILE = "adapter/adapter_model.safetensors"
-STATE_KEYS = ("step", "optimizer", "scheduler", "rng", "prompts", "engine", "monitor", "skipped_steps",
-              "eval_before", "reward_failures")
-
-
-class ResumeError(RuntimeError):
-    pass
+STATE_KEYS = ("trainer", "optimizer", "scheduler", "rng", "prompts", "engine", "monitor", "reward_failures")
+OLD_COUNTERS = ("step", "skipped_steps", "no_signal_steps", "eval_before")  # top-level before TrainerState
 
 
 class CorruptCheckpoint(ResumeError):
@@ -64,12 +64,12 @@ def make_scheduler(optimizer, train_cfg, iterations_per_step: int = 1):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def _set_rng_state(s: dict) -> None:
+def set_rng_state(s: dict) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
     torch.random.set_rng_state(s["torch"])
@@ -77,42 +77,18 @@ def _set_rng_state(s: dict) -> None:
         torch.cuda.set_rng_state_all(s["cuda"])
 
 
-def _dist(trainer):
-    from tinyrl.distributed import Dist
+def write(run, step: int, model, state: dict, keep_last: int) -> Path:
+    """Write checkpoint `step` (the adapter and `state`) atomically; rank 0's RunDir writes, others' nothing."""
 
-    return getattr(trainer, "dist", None) or Dist()
-
-
-def save(trainer) -> Path:
-    """Rank 0 writes the checkpoint (other ranks' run folder writes nothing), with every rank's RNG state."""
-    rngs = _dist(trainer).all_gather_object(_rng_state())
-    state = {
-        "step": trainer.step,
-        "optimizer": trainer.optimizer.state_dict(),
-        "scheduler": trainer.scheduler.state_dict(),
-        "rng": rngs[0],
-        "rng_ranks": rngs,  # one per process of the run that wrote it
-        "prompts": trainer.prompts.state_dict(),
-        "engine": trainer.engine.state_dict(),
-        "monitor": trainer.monitor.state_dict(),
-        "skipped_steps": trainer.skipped_steps,
-        "no_signal_steps": trainer.no_signal_steps,
-        "eval_before": trainer.eval_before,
-        "reward_failures": trainer.rewards.total_failures,
-        "config": trainer.cfg.to_dict(),
-    }
-
-    def write(tmp: Path) -> None:
-        trainer.model.save_pretrained(tmp / "adapter")
+    def files(tmp: Path) -> None:
+        model.save_pretrained(tmp / "adapter")
         torch.save(state, tmp / STATE_FILE)
 
-    return trainer.run.save_checkpoint(trainer.step, write, trainer.cfg.train.keep_last)
+    return run.save_checkpoint(step, files, keep_last)
 
 
 def read(path: Path) -> CheckpointData:
     """Both files of a checkpoint, read and checked; CorruptCheckpoint naming the file otherwise."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     adapter_file, state_file = path / ADAPTER_FILE, path / STATE_FILE
     for f in (adapter_file, state_file):
@@ -126,52 +102,16 @@ def read(path: Path) -> CheckpointData:
         state = torch.load(state_file, weights_only=False)
     except Exception as e:  # EOFError, UnpicklingError, RuntimeError ("PytorchStreamReader failed ...")
         raise CorruptCheckpoint(f"{state_file} is truncated or corrupt ({type(e).__name__}: {e})") from e
+    if isinstance(state, dict) and "trainer" not in state and all(k in state for k in OLD_COUNTERS[:2]):
+        state["trainer"] = {k: state.pop(k) for k in OLD_COUNTERS if k in state}  # written before TrainerState
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CorruptCheckpoint(f"{state_file} lacks {missing}: not a tinyrl trainer state")
     return CheckpointData(path, weights, state)
 
 
-def apply(trainer, data: CheckpointData) -> None:
-    """Load a checkpoint that `read` accepted into the trainer (ResumeError if the adapter does not fit)."""
-    from peft import set_peft_model_state_dict
-
-    path, weights, state = data.path, data.weights, data.state
-    expected = {k for k, p in trainer.model.named_parameters() if p.requires_grad}
-    try:
-        result = set_peft_model_state_dict(trainer.model, weights)
-    except RuntimeError as e:
-        raise ResumeError(f"the adapter in {path} does not fit model {trainer.cfg.model.name!r} "
-                          f"(different base model or LoRA rank?): {e}") from e
-    missing = [k for k in getattr(result, "missing_keys", []) if k in expected]
-    if missing:
-        raise ResumeError(f"the adapter in {path} lacks {len(missing)} LoRA tensors of this model "
-                          f"(e.g. {missing[0]}): it was trained on another base or target_modules")
-    trainer.step = state["step"]
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scheduler.load_state_dict(state["scheduler"])
-    dist, ranks = _dist(trainer), state.get("rng_ranks") or [state["rng"]]
-    if len(ranks) != dist.world and dist.is_main:
-        log.warning("resume: checkpoint %s was written by %d process(es), this run has %d: the prompts and the "
-                    "adapter continue exactly, the random streams of the processes do not", path.name, len(ranks),
-                    dist.world)
-    _set_rng_state(ranks[dist.rank] if len(ranks) == dist.world else state["rng"])
-    trainer.prompts.load_state_dict(state["prompts"])
-    trainer.engine.load_state_dict(state["engine"])
-    trainer.engine.sync(trainer.model)  # the engine samples from the restored adapter
-    trainer.monitor.load_state_dict(state["monitor"])
-    trainer.skipped_steps = state["skipped_steps"]
-    trainer.no_signal_steps = state.get("no_signal_steps", 0)
-    trainer.eval_before = state["eval_before"]
-    trainer.rewards.total_failures = dict(state["reward_failures"])
-
-
-def load(trainer, path: Path) -> None:
-    apply(trainer, read(path))
-
-
-def load_latest(trainer, run) -> CheckpointData:
-    """Load the newest checkpoint of `run` that reads back whole; skip (and set aside) corrupt ones.
+def newest(run) -> CheckpointData:
+    """The newest checkpoint of `run` that reads back whole; corrupt ones are skipped (and set aside).
 
     ResumeError when there is none, or none that loads (the message lists each and why)."""
     for note in run.recover():
@@ -190,7 +130,6 @@ def load_latest(trainer, run) -> CheckpointData:
             skipped.append(f"{path.name}: {e}")
             log.warning("resume: skipping checkpoint %s (%s); kept as %s", path.name, e, aside.name)
             continue
-        apply(trainer, data)
         if skipped:
             log.warning("resume: continuing from %s, the newest checkpoint that loads", path.name)
         return data

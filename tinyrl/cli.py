@@ -1,22 +1,22 @@
-"""`tinyrl train|eval|presets` — the command line. Every user-facing failure becomes one clear
-paragraph on stderr and a non-zero exit, never a traceback."""
+"""`tinyrl train|sft|eval|presets|plan|report|ui` — the command line. Every user-facing failure becomes
+one clear paragraph on stderr and a non-zero exit, never a traceback.
+
+The training stack (transformers, peft: tinyrl.api) and the UI (gradio) load inside the commands
+that use them, so `tinyrl --help`, `presets` and `plan` answer without loading them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 
-
-def _friendly_errors() -> tuple[type, ...]:
-    from tinyrl.checkpoint import ResumeError
-    from tinyrl.distributed import PeerLostError
-    from tinyrl.trainer import StaleWeightsError
-    from tinyrl.config import ConfigError
-    from tinyrl.model import ModelLoadError
-    from tinyrl.rewards.core import RewardImportError
-
-    return (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, PeerLostError)
+from tinyrl import distributed
+from tinyrl.config import DEFAULT_PRESET, ConfigError, Resolved, list_presets, parse_override, resolve
+from tinyrl.errors import USER_ERRORS
+from tinyrl.planner.report import run as plan_run
+from tinyrl.report import write_report
 
 
 def _os_error_text(e: OSError) -> str:
@@ -41,55 +41,36 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
         elif preset is None:
             preset = a
         else:
-            from tinyrl.config import ConfigError
-
             raise ConfigError(f"unexpected argument {a!r}; overrides look like section.field=value")
     return preset, overrides
 
 
-def _relaunch(ns, preset: str | None, overrides: list[str]) -> int | None:
+def _relaunch(ns, preset: str | None, overrides: list[str], resolved: Resolved) -> int:
     """`--nproc N` (or a profile's dist.nproc > 1) outside a launcher: run this same command in N
-    processes through `accelerate launch` with the packaged config; its exit code. None: run here."""
-    from tinyrl import distributed
-    from tinyrl.config import apply_overrides, config_from_dict, load_config
-    from tinyrl.runs import RunDir
-
-    if distributed.launched_world() > 1:
-        return None
-    from tinyrl.errors import ConfigError
-
-    try:
-        if ns.resume:
-            cfg = config_from_dict(apply_overrides(RunDir(ns.resume).config(), overrides))
-        else:
-            cfg = load_config(preset, overrides, ns.profile)[1]
-    except (ConfigError, OSError):
-        return None  # a bad config or run folder: the run here reports it, in its own words
-    if cfg.dist.nproc <= 1:
-        return None
-    args = ["train", *([preset] if preset else []), *overrides, f"dist.nproc={cfg.dist.nproc}",
+    processes through `accelerate launch` with the packaged config; its exit code."""
+    n = resolved.cfg.dist.nproc
+    args = ["train", *([preset] if preset else []), *overrides, f"dist.nproc={n}",
             *(["--profile", ns.profile] if ns.profile else []), *(["--resume", ns.resume] if ns.resume else [])]
-    cmd = distributed.launch_command(cfg.dist.nproc, cfg.dist.accelerate_config, args)
-    logging.getLogger("tinyrl").info("launching %d processes: %s", cfg.dist.nproc, " ".join(cmd))
-    import subprocess
-
+    cmd = distributed.launch_command(n, resolved.cfg.dist.accelerate_config, args)
+    logging.getLogger("tinyrl").info("launching %d processes: %s", n, " ".join(cmd))
     return subprocess.call(cmd)
 
 
+def _overrides(texts: list[str]) -> dict:
+    return {".".join(k): v for k, v in map(parse_override, texts)}
+
+
 def cmd_train(ns) -> int:
-    from tinyrl import distributed
-    from tinyrl.api import train
-    from tinyrl.config import parse_override
+    from tinyrl.methods.runner import run_method  # the training stack: loaded when a run starts
 
     preset, overrides = _split(ns.args)
     if getattr(ns, "nproc", None) is not None:  # `tinyrl sft` has no --nproc
         overrides.append(f"dist.nproc={ns.nproc}")
-    code = _relaunch(ns, preset, overrides)
-    if code is not None:
-        return code
-    kv = {".".join(k): v for k, v in map(parse_override, overrides)}
+    resolved = resolve(preset, ns.profile, _overrides(overrides), ns.resume)  # once, for the whole command
+    if resolved.cfg.dist.nproc > 1 and distributed.launched_world() <= 1:
+        return _relaunch(ns, preset, overrides, resolved)
     try:
-        run = train(preset, profile=ns.profile, resume=ns.resume, **kv)
+        run = run_method(resolved)
         rank = distributed.setup().rank
     finally:
         distributed.shutdown()  # accelerate's end_training: every rank, then the process group goes
@@ -119,8 +100,6 @@ def cmd_sft(ns) -> int:
 
 
 def cmd_presets(ns) -> int:
-    from tinyrl.config import DEFAULT_PRESET, list_presets
-
     for name, desc in list_presets().items():
         mark = " (default)" if name == DEFAULT_PRESET else ""
         print(f"{name}{mark}\n    {desc}")
@@ -128,11 +107,10 @@ def cmd_presets(ns) -> int:
 
 
 def cmd_eval(ns) -> int:
-    from tinyrl.api import evaluate
-    from tinyrl.config import parse_override
+    from tinyrl.api import evaluate  # the training stack: loaded when an evaluation starts
 
     preset, overrides = _split(ns.args)  # `eval a.b=1`: no preset
-    kv = {".".join(k): v for k, v in map(parse_override, overrides)}
+    kv = _overrides(overrides)
     if ns.gaia is not None:  # GAIA's metadata.jsonl, scored with GAIA's own scorer
         kv.update({"data.task": "gaia", "data.task_args": {"path": ns.gaia}})
     result = evaluate(preset, adapter=ns.adapter, report=True, **kv)
@@ -141,14 +119,12 @@ def cmd_eval(ns) -> int:
 
 
 def cmd_report(ns) -> int:
-    from tinyrl.report import write_report
-
     print(write_report(ns.run_dir))
     return 0
 
 
 def cmd_ui(ns) -> int:
-    from tinyrl.apps.server import ExposureError, MissingExtraError, serve
+    from tinyrl.apps.server import ExposureError, MissingExtraError, serve  # gradio: the ui extra
 
     try:
         serve(host=ns.host, port=ns.port, runs_dir=ns.runs_dir, share=ns.share, auth=ns.auth)
@@ -159,10 +135,8 @@ def cmd_ui(ns) -> int:
 
 
 def cmd_plan(ns) -> int:
-    from tinyrl.planner.report import run
-
     preset, overrides = _split(ns.args)
-    plan, text = run(preset, overrides, profile=ns.profile, gpu=ns.gpu, gpu_mem=ns.gpu_mem,
+    plan, text = plan_run(preset, overrides, profile=ns.profile, gpu=ns.gpu, gpu_mem=ns.gpu_mem,
                      prompt_len=ns.prompt_len, search=not ns.no_search)
     print(text)
     return 0 if plan.fits else 1
@@ -216,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return ns.fn(ns)
-    except _friendly_errors() as e:
+    except USER_ERRORS as e:
         print(f"tinyrl: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full or read-only disk, a path that is a file, a run folder in use

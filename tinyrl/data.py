@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tinyrl.distributed import shard
 from tinyrl.errors import ConfigError
+from tinyrl.tasks import get_task
 
 
 def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
@@ -61,8 +62,6 @@ def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
         rng.shuffle(rows)
         n_eval = min(cfg_data.num_eval, len(rows) // 5)
         return rows[n_eval:][: cfg_data.num_train], rows[:n_eval], None
-    from tinyrl.tasks import get_task
-
     task = get_task(cfg_data.task)
     args = (cfg_data.num_train, cfg_data.num_eval, cfg_data.seed)
     try:

@@ -54,6 +54,10 @@ from importlib import resources
 
 import torch
 
+from tinyrl.errors import ConfigError, PeerLostError
+from tinyrl.rollout.base import Rollouts
+from tinyrl.runs import CKPT_PREFIX, RunDir
+
 log = logging.getLogger("tinyrl.distributed")
 
 # Packaged accelerate configs (tinyrl/assets/accelerate/<name>.yaml), for `--nproc N` and the README.
@@ -63,10 +67,6 @@ ACCELERATE_CONFIGS = {
     "fsdp2": "PyTorch FSDP2: base parameters sharded over GPUs (bases that do not fit one card)",
 }
 SHARDED = ("zero3", "fsdp2")
-
-
-class PeerLostError(RuntimeError):
-    """A collective failed: another process of the run died, or stalled past `dist.timeout_s`."""
 
 
 def shard(n: int, rank: int, world: int) -> slice:
@@ -85,8 +85,6 @@ def launched_world() -> int:
 
 def accelerate_config_path(name: str) -> str:
     """The packaged accelerate config file `name` (ddp | zero3 | fsdp2)."""
-    from tinyrl.errors import ConfigError
-
     if name not in ACCELERATE_CONFIGS:
         raise ConfigError(f"dist.accelerate_config: must be one of {sorted(ACCELERATE_CONFIGS)}, got {name!r}")
     return str(resources.files("tinyrl.assets") / "accelerate" / f"{name}.yaml")
@@ -261,8 +259,6 @@ def setup(timeout_s: float = 600.0) -> Dist:
         if launched_world() > 1:
             from accelerate import PartialState
 
-            from tinyrl.errors import ConfigError
-
             for flag, name in (("ACCELERATE_USE_DEEPSPEED", "zero3"), ("ACCELERATE_USE_FSDP", "fsdp2")):
                 if os.environ.get(flag, "false").lower() == "true":
                     raise ConfigError(f"dist.accelerate_config: {name} (sharded base) is shipped as a launch config "
@@ -293,8 +289,6 @@ def shutdown() -> None:
 
 def check_world(prompts_per_step: int, world: int) -> None:
     """Whole groups per rank: the global batch must split evenly over the processes."""
-    from tinyrl.errors import ConfigError
-
     if prompts_per_step % world:
         raise ConfigError(f"train.prompts_per_step: {prompts_per_step} prompts do not split over {world} processes; "
                           f"use a multiple of {world} (every process takes whole groups)")
@@ -315,8 +309,6 @@ def gather_rows(dist: Dist, t: torch.Tensor) -> tuple[torch.Tensor, slice]:
 
 def gather_batch(dist: Dist, batch):
     """The step's whole batch, every rank's rows in rank order (for metrics and samples)."""
-    from tinyrl.rollout.base import Rollouts
-
     if dist.world == 1:
         return batch
     return Rollouts.concat(dist.all_gather_object(batch))
@@ -400,8 +392,6 @@ class _NullWriter:
 def replica_run_dir(path):
     """The run folder as a rank other than 0 sees it: it reads (config, checkpoints) but never writes,
     never locks; rank 0 holds the lock and writes metrics, samples, checkpoints."""
-    from tinyrl.runs import CKPT_PREFIX, RunDir
-
     class ReplicaRunDir(RunDir):
         def lock(self) -> None:
             pass

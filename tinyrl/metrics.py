@@ -26,14 +26,15 @@ def _clean(row: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
-def step_metrics(trainer, batch, first, last, extra: dict, dt: float, t_gen: float) -> dict:
-    """`first` is the first pass over the batch (the sampling policy's logprobs and entropies),
-    `last` the last (its loss stats: clip fractions are 0 by construction with one pass)."""
+def step_metrics(state, lr: float, batch, first, last, extra: dict, dt: float, t_gen: float) -> dict:
+    """`state` is the trainer's `TrainerState` after the step; `first` is the first pass over the batch
+    (the sampling policy's logprobs and entropies), `last` the last (its loss stats: clip fractions are
+    0 by construction with one pass)."""
     valid = ~torch.isnan(batch.rewards)
     action = batch.action_mask.float()
     n_act = float(action.sum())
     out = {
-        "step": trainer.step,
+        "step": state.step,
         "reward_mean": float(batch.rewards[valid].mean()) if valid.any() else None,
         "reward_std": float(batch.rewards[valid].std()) if valid.sum() > 1 else None,
         **{f"reward/{k}": float(torch.nanmean(v)) for k, v in batch.reward_components.items()},
@@ -41,14 +42,14 @@ def step_metrics(trainer, batch, first, last, extra: dict, dt: float, t_gen: flo
         **{k: v for k, v in last.stats.items() if k not in ("loss", "entropy")},
         "grad_norm": first.grad_norm,
         "skipped_nonfinite": bool(first.skipped or last.skipped),
-        "skipped_steps_total": trainer.skipped_steps,
+        "skipped_steps_total": state.skipped_steps,
         "skipped_no_signal": bool(last.no_signal),
         "update_rows_skipped_frac": 1.0 - first.rows.numel() / max(first.num_rows, 1),
         "completion_len": n_act / max(batch.num_rows, 1),
         "truncated_frac": float(batch.truncated.float().mean()),
-        "lr": trainer.optimizer.param_groups[0]["lr"],
-        "micro_batch_now": trainer.micro_batch,
-        "oom_retries_total": trainer.oom_retries,
+        "lr": lr,
+        "micro_batch_now": state.micro_batch,
+        "oom_retries_total": state.oom_retries,
         "step_time": dt,
         "gen_time": t_gen,
         "tokens_per_s": n_act / dt if dt > 0 else 0.0,

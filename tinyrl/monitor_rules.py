@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, NamedTuple, Optional
 
 if TYPE_CHECKING:  # the config imports nothing from here at run time (no cycle)
-    from tinyrl.monitor import MonitorConfig
+    from tinyrl.config.schema_monitor import MonitorConfig
 
 Severity = Literal["alarm", "warning"]
 

@@ -39,6 +39,7 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -51,6 +52,19 @@ LOCK_FILE = ".lock"
 _ASIDE = ".old-"  # checkpoints/.old-step-000010-<unique>: the checkpoint being replaced
 _DOOMED = ".del-"  # checkpoints/.del-step-000002-<unique>: a checkpoint being pruned (keep_last)
 KILL_ENV = "TINYRL_TEST_KILL_AT"  # tests: SIGKILL this process at the named point of a checkpoint save
+
+
+@dataclass
+class Run:
+    """What a finished (or stopped) run hands back: its folder and the figures its summary.json holds."""
+
+    path: Path
+    metrics: list[dict]
+    eval_before: float | None = None
+    eval_after: float | None = None
+    adapter: Path | None = None
+    alarms: list[dict] = field(default_factory=list)
+    interrupted: bool = False
 
 
 class RunFolderError(OSError):

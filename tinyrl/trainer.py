@@ -20,89 +20,87 @@ same `Rollouts`, with tool observations marked in `observation_mask`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import re
-import signal
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
+from peft import set_peft_model_state_dict
+from tqdm.auto import tqdm
 
 from tinyrl import checkpoint, distributed, kernels
 from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
-from tinyrl.config import RunConfig
-from tinyrl.data import PromptSource, load_rows
+from tinyrl.checkpoint import CheckpointData
+from tinyrl.config import RunConfig, config_from_dict
+from tinyrl.data import PromptSource
+from tinyrl.distributed import Dist
+from tinyrl.errors import ResumeError, StaleWeightsError
 from tinyrl.evaluation import accuracy
 from tinyrl.metrics import samples_of, step_metrics
-from tinyrl.model import load_policy
-from tinyrl.planner import checkpointing
-from tinyrl.monitor import Monitor, apply_action
+from tinyrl.monitor import Action, Monitor, planned_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
-from tinyrl.rollout import make_engine, prompt_renderer
 from tinyrl.rollout.base import Rollouts, SamplingParams
-from tinyrl.runs import RunDir
+from tinyrl.runs import Run, RunDir
+from tinyrl.stop import StopSignals
 from tinyrl.update import UpdateResult, policy_update, score
 
 log = logging.getLogger("tinyrl")
 
 
-class StaleWeightsError(RuntimeError):
-    """The rollout engine is not sampling from the trained weights (the monitor's canary)."""
+@dataclass
+class TrainerState:
+    """What changes as a run trains, besides the weights, the optimizer and the schedule: what a
+    checkpoint saves and restores, what the step metrics report, what the monitor's actions change."""
+
+    step: int = 0
+    skipped_steps: int = 0  # optimiser steps skipped for a non-finite loss or gradient
+    no_signal_steps: int = 0  # optimiser steps skipped for want of any learning signal
+    eval_before: float | None = None  # held-out accuracy before training (None: not measured)
+    micro_batch: int = 0  # completions per forward/backward; halved on an out-of-memory error
+    rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
+    oom_retries: int = 0
+    # dotted config field -> value, set by the monitor's automatic actions: applied over the run's
+    # config on every resume, never written to config.yaml (they are the run's, not the user's)
+    config_patches: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class Run:
-    path: Path
-    metrics: list[dict]
-    eval_before: float | None = None
-    eval_after: float | None = None
-    adapter: Path | None = None
-    alarms: list[dict] = field(default_factory=list)
-    interrupted: bool = False
+class TrainerParts:
+    """What a trainer trains with, built by its method (tinyrl.methods.grpo.build)."""
+
+    model: Any  # the peft model, on this process's device
+    tokenizer: Any
+    engine: Any  # a tinyrl.rollout engine
+    task: Any  # the tinyrl.tasks.Task, or None (a jsonl run)
+    train_rows: list[dict]  # each with its `rendered` prompt
+    eval_rows: list[dict]
+    rewards: RewardSet
+    sampling: SamplingParams
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run: RunDir):
-        cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: on only where the update needs it
+    def __init__(self, cfg: RunConfig, run: RunDir, parts: TrainerParts, dist: Dist):
+        self.base_cfg = cfg  # as resolved; `cfg` is it with the monitor's patches (none yet)
         self.cfg = cfg
         self.run = run
-        self.dist = distributed.setup(cfg.dist.timeout_s)  # [dist] one process, or this rank of the launch
-        distributed.check_world(cfg.train.prompts_per_step, self.dist.world)  # [dist]
-        torch.manual_seed(cfg.train.seed)
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
-        self.device = self.dist.device  # [dist] cuda:<local rank> (or the CPU)
-        if not getattr(self.model, "is_loaded_in_4bit", False):
-            self.model.to(self.device)
-        self.dist.broadcast_params([p for p in self.model.parameters() if p.requires_grad])  # [dist] one adapter
-        train_rows, self.eval_rows, self.task = load_rows(cfg.data)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, seed=cfg.train.seed, task=self.task)
-        render = prompt_renderer(self.engine, self.tokenizer, cfg.data)
-        for r in train_rows + self.eval_rows:
-            r["rendered"] = render(r["prompt"])
-        self.prompts = PromptSource(train_rows, cfg.data.seed, self.dist.rank, self.dist.world)  # [dist]
-        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine, timeout=cfg.reward.timeout)
-        stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
-        self.sampling = SamplingParams(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_new_tokens, stop)
-
+        self.dist = dist  # [dist] one process, or this rank of the launch
+        self.device = dist.device  # [dist] cuda:<local rank> (or the CPU)
+        self.model, self.tokenizer, self.engine, self.task = parts.model, parts.tokenizer, parts.engine, parts.task
+        self.eval_rows, self.rewards, self.sampling = parts.eval_rows, parts.rewards, parts.sampling
+        self.prompts = PromptSource(parts.train_rows, cfg.data.seed, dist.rank, dist.world)  # [dist]
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.scheduler = checkpoint.make_scheduler(self.optimizer, cfg.train, cfg.algo.num_iterations)
         self.monitor = Monitor(cfg.monitor)
-        self.step = 0
-        self.skipped_steps = 0
-        self.no_signal_steps = 0
-        self.eval_before: float | None = None
-        self._stop_requested = False
+        self.state = TrainerState(micro_batch=cfg.train.micro_batch_size)
         self._in_step = False
-        self.micro_batch = cfg.train.micro_batch_size  # halved on an out-of-memory error (update phase)
-        self.rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
-        self.oom_retries = 0
         log.info("algo: %s", {k: v for k, v in vars(cfg.algo).items() if v is not None})
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
             log.warning("algo.llds_lambda > 0 acts only when the policy moves within a rollout batch: "
@@ -112,24 +110,25 @@ class Trainer:
 
     def train(self) -> Run:
         cfg = self.cfg
+        st = self.state
         outs = {name: self.run.writer(f"{name}.jsonl") for name in ("metrics", "samples", "alarms")}
-        restore = self._install_stop_handlers()
+        stop = StopSignals(defer=lambda: self._in_step).__enter__()  # inside a step, finish it first
         bar = None
         try:
-            if self.step == 0 and self._can_evaluate():
+            if st.step == 0 and self._can_evaluate():
                 log.info("held-out evaluation before training (%d prompts)", len(self.eval_rows))
-                self.eval_before = self.evaluate()
-                log.info("held-out accuracy before training: %.3f", self.eval_before)
-            bar = _progress(cfg, self.step) if self.dist.is_main else None  # [dist]
-            while self.step < cfg.train.steps and not self.dist.any(self._stop_requested):  # [dist] all stop together
+                st.eval_before = self.evaluate()
+                log.info("held-out accuracy before training: %.3f", st.eval_before)
+            bar = _progress(cfg, st.step) if self.dist.is_main else None  # [dist]
+            while st.step < cfg.train.steps and not self.dist.any(stop.requested):  # [dist] all stop together
                 self._in_step = True
                 metrics, samples = self.train_step()
                 self._in_step = False
                 alarms = self.watch(metrics)
                 self.log(outs, metrics, samples, alarms, bar)
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < cfg.train.steps:
+                if cfg.train.save_every and st.step % cfg.train.save_every == 0 and st.step < cfg.train.steps:
                     self.save_checkpoint()
-            if self._stop_requested:
+            if stop.requested:
                 raise KeyboardInterrupt
             self.save_checkpoint()
             adapter = self.run.path / "adapter"
@@ -143,18 +142,18 @@ class Trainer:
             if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
                 self.save_checkpoint()
                 log.warning("interrupted at step %d: checkpoint saved; continue with `tinyrl train --resume %s`",
-                            self.step, self.run.path)
+                            st.step, self.run.path)
             else:  # a second Ctrl-C inside a step: the step's state is half-applied, keep the last checkpoint
                 log.warning("aborted inside step %d: continue from the last checkpoint with `tinyrl train "
-                            "--resume %s`", self.step + 1, self.run.path)
-            return Run(self.run.path, self.run.metrics(), self.eval_before, interrupted=True, alarms=self.monitor.fired)
+                            "--resume %s`", st.step + 1, self.run.path)
+            return Run(self.run.path, self.run.metrics(), st.eval_before, interrupted=True, alarms=self.monitor.fired)
         finally:
-            restore()
+            stop.__exit__()
             for w in outs.values():
                 w.close()
             if bar is not None:
                 bar.close()
-        return Run(self.run.path, self.run.metrics(), self.eval_before, after, adapter, self.monitor.fired)
+        return Run(self.run.path, self.run.metrics(), st.eval_before, after, adapter, self.monitor.fired)
 
     def train_step(self) -> tuple[dict, list[dict]]:
         cfg, t0 = self.cfg, time.perf_counter()
@@ -167,13 +166,13 @@ class Trainer:
         first, last = self.update(batch)  # 8
         moved = self.measure_update(batch, first) if cfg.log.track_likelihood else {}  # 9
         self.engine.sync(self.model)  # 10
-        self.step += 1
+        self.state.step += 1
         # [dist] metrics and samples over every rank's rows (the same on every rank: the monitor agrees)
         whole, d = distributed.gather_batch(self.dist, batch), self.dist
-        metrics = step_metrics(self, whole, distributed.gather_update(d, first, batch),
-                               distributed.gather_update(d, last, batch), {**gen_stats, **adv_stats, **moved,
-                               "processes": d.world}, time.perf_counter() - t0, t_gen)
-        return metrics, samples_of(whole, self.step, cfg.log.samples_per_step)
+        metrics = step_metrics(self.state, self.optimizer.param_groups[0]["lr"], whole,
+                               distributed.gather_update(d, first, batch), distributed.gather_update(d, last, batch),
+                               {**gen_stats, **adv_stats, **moved, "processes": d.world}, time.perf_counter() - t0, t_gen)
+        return metrics, samples_of(whole, self.state.step, cfg.log.samples_per_step)
 
     # ------------------------------------------------------------------ phases
 
@@ -217,7 +216,7 @@ class Trainer:
         first row's position in the prompt stream, which seeds its samples (the same in any split)."""
         at = lambda i: self.sampling if stream is None else replace(self.sampling, stream=stream + i)  # noqa: E731
         while True:
-            k = self.rollout_prompts or len(rows)
+            k = self.state.rollout_prompts or len(rows)
             try:
                 parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=at(i),
                                               columns=rows[i:i + k]) for i in range(0, len(rows), k)]
@@ -227,10 +226,10 @@ class Trainer:
                     torch.cuda.empty_cache()
                 if k == 1:
                     raise
-                self.rollout_prompts = (k + 1) // 2
-                self.oom_retries += 1
+                self.state.rollout_prompts = (k + 1) // 2
+                self.state.oom_retries += 1
                 log.warning("out of memory in the rollout: %d prompts (x %d samples) per engine call from now on; "
-                            "sampling again", self.rollout_prompts, n)
+                            "sampling again", self.state.rollout_prompts, n)
 
     def reward(self, batch: Rollouts) -> dict[str, int]:
         """Fill the batch's rewards; returns failed samples per reward component."""
@@ -295,8 +294,8 @@ class Trainer:
             if it == 0:
                 first = last
                 batch.old_logprobs = last.logprobs  # fixed for the later passes over this batch
-            self.skipped_steps += last.skipped
-            self.no_signal_steps += last.no_signal
+            self.state.skipped_steps += last.skipped
+            self.state.no_signal_steps += last.no_signal
         return first, last
 
     def measure_update(self, batch: Rollouts, first: UpdateResult) -> dict:
@@ -336,35 +335,64 @@ class Trainer:
         normalised by the whole batch's totals, so the gradient is the one a smaller micro-batch gives
         from the start (to fp32 rounding); groups are never split across optimiser steps. The smaller
         micro-batch stays for the rest of the run (`micro_batch_now` in metrics.jsonl)."""
-        cfg = self.cfg
+        cfg, st = self.cfg, self.state
         while True:
             try:
                 return policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
-                                     micro_batch=self.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
+                                     micro_batch=st.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
                                      max_len=cfg.rollout.max_new_tokens, score_rest=score_rest,
                                      dist=self.dist)  # [dist]
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                if self.micro_batch == 1:
+                if st.micro_batch == 1:
                     raise
-                self.micro_batch //= 2
-                self.oom_retries += 1
+                st.micro_batch //= 2
+                st.oom_retries += 1
                 log.warning("out of memory in the update: micro-batch halved to %d; redoing the step from the "
-                            "same batch", self.micro_batch)
+                            "same batch", st.micro_batch)
 
     # ------------------------------------------------------------------ monitor, log, evaluation
 
     def watch(self, metrics: dict) -> list:
-        """Run the monitor's rules; apply enabled auto-actions; a fatal alarm stops the run."""
-        alarms = self.monitor.update(self.step, metrics)
+        """Run the monitor's rules; take its enabled automatic actions; a fatal alarm stops the run."""
+        alarms = self.monitor.update(self.state.step, metrics)
         for alarm in alarms:
             log.warning("%s %s at step %d: %s. Suggested: %s", alarm.severity.upper(), alarm.name, alarm.step,
                         alarm.evidence, alarm.action)
-            if not alarm.fatal:
-                apply_action(self, alarm)  # optional automatic fixes (off by default)
+            action = None if alarm.fatal else planned_action(self.monitor, alarm, self.cfg)  # off by default
+            if action is not None:
+                alarm.applied = self.take(action)
+                log.warning("monitor auto-action for %s at step %d: %s", alarm.name, alarm.step, alarm.applied)
         return alarms
+
+    def take(self, action: Action) -> str:
+        """Carry out a monitor action: a config patch (kept in the state, so in every checkpoint) or a
+        rollback; returns what was done, in words."""
+        if action.rollback:
+            return self.rollback()
+        self.state.config_patches.update(action.patch)
+        self.cfg = patched(self.base_cfg, self.state.config_patches)  # the loss reads cfg.algo: one source
+        return action.message
+
+    def rollback(self) -> str:
+        """Reload the adapter weights and optimizer state of the last checkpoint. Step count, LR
+        schedule, data order and RNG go on: replaying the same batches would repeat the explosion."""
+        mon, ckpt = self.monitor, self.run.latest_checkpoint()
+        if ckpt is None:
+            return "no checkpoint to roll back to (set train.save_every); nothing changed"
+        if mon.rollbacks >= mon.cfg.max_rollbacks:
+            return f"rolled back {mon.rollbacks} times already (monitor.max_rollbacks); nothing changed"
+        try:
+            data = checkpoint.read(ckpt)
+        except checkpoint.CorruptCheckpoint as e:
+            return f"the last checkpoint does not load ({e}); nothing changed"
+        set_peft_model_state_dict(self.model, data.weights)
+        self.optimizer.load_state_dict(data.state["optimizer"])
+        self.engine.sync(self.model)  # the engine must sample from the restored weights
+        mon.rollbacks += 1
+        return f"rolled back adapter weights and optimizer to {ckpt.name} (rollback {mon.rollbacks}/{mon.cfg.max_rollbacks})"
 
     def log(self, outs: dict, metrics: dict, samples: list[dict], alarms: list, bar) -> None:
         outs["metrics"].write(metrics)
@@ -403,34 +431,66 @@ class Trainer:
         return score(self.model, batch, c.rollout.temperature, c.train.micro_batch_size, c.algo.chunk_size,
                      c.algo.loss_impl, reference=reference, rows=rows)
 
-    def _install_stop_handlers(self):
-        """Ctrl-C / SIGTERM: inside a step, finish it first (a second Ctrl-C aborts); in an evaluation or
-        between steps, stop at once. Either way the run checkpoints and can be resumed."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-
-        def on_signal(signum, frame):
-            if self._in_step and not self._stop_requested:
-                self._stop_requested = True
-                log.warning("stopping after this step (signal %d); Ctrl-C again to abort the step", signum)
-                return
-            raise KeyboardInterrupt
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return lambda: [signal.signal(s, h) for s, h in previous.items()]
-
     # ------------------------------------------------------------------ checkpoints
 
+    def state_dict(self) -> dict:
+        """Everything a checkpoint holds besides the adapter (every rank's RNG state: a collective)."""
+        rngs = self.dist.all_gather_object(checkpoint.rng_state())
+        return {"trainer": asdict(self.state), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rngs[0], "rng_ranks": rngs,  # one per process
+                "prompts": self.prompts.state_dict(), "engine": self.engine.state_dict(),
+                "monitor": self.monitor.state_dict(), "reward_failures": self.rewards.total_failures,
+                "config": self.base_cfg.to_dict()}
+
     def save_checkpoint(self) -> Path:
-        return checkpoint.save(self)
+        """Rank 0 writes the checkpoint (other ranks' run folder writes nothing)."""
+        return checkpoint.write(self.run, self.state.step, self.model, self.state_dict(), self.cfg.train.keep_last)
 
     def load_checkpoint(self, path: Path) -> None:
-        checkpoint.load(self, path)
+        self.restore(checkpoint.read(path))
+
+    def restore(self, data: CheckpointData) -> None:
+        """Continue from a checkpoint that `checkpoint.read` accepted (ResumeError if the adapter does not fit)."""
+        path, state = data.path, data.state
+        expected = {k for k, p in self.model.named_parameters() if p.requires_grad}
+        try:
+            result = set_peft_model_state_dict(self.model, data.weights)
+        except RuntimeError as e:
+            raise ResumeError(f"the adapter in {path} does not fit model {self.cfg.model.name!r} "
+                              f"(different base model or LoRA rank?): {e}") from e
+        missing = [k for k in getattr(result, "missing_keys", []) if k in expected]
+        if missing:
+            raise ResumeError(f"the adapter in {path} lacks {len(missing)} LoRA tensors of this model "
+                              f"(e.g. {missing[0]}): it was trained on another base or target_modules")
+        self.state = TrainerState(**{"micro_batch": self.cfg.train.micro_batch_size, **state["trainer"]})
+        self.cfg = patched(self.base_cfg, self.state.config_patches)  # the monitor's actions, kept
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ranks, d = state.get("rng_ranks") or [state["rng"]], self.dist
+        if len(ranks) != d.world and d.is_main:
+            log.warning("resume: checkpoint %s was written by %d process(es), this run has %d: the prompts and the "
+                        "adapter continue exactly, the random streams of the processes do not", path.name,
+                        len(ranks), d.world)
+        checkpoint.set_rng_state(ranks[d.rank] if len(ranks) == d.world else state["rng"])
+        self.prompts.load_state_dict(state["prompts"])
+        self.engine.load_state_dict(state["engine"])
+        self.engine.sync(self.model)  # the engine samples from the restored adapter
+        self.monitor.load_state_dict(state["monitor"])
+        self.rewards.total_failures = dict(state["reward_failures"])
+
+
+def patched(cfg: RunConfig, patch: dict[str, Any]) -> RunConfig:
+    """`cfg` with dotted fields set (`{"algo.epsilon_high": 0.28}`), built and checked like any config."""
+    if not patch:
+        return cfg
+    data = cfg.to_dict()
+    for key, value in patch.items():
+        section, name = key.split(".", 1)
+        data[section][name] = value
+    return dataclasses.replace(config_from_dict(data), model=cfg.model)  # model: `auto` stays as decided
 
 
 def _progress(cfg: RunConfig, start: int):
     if not cfg.log.progress:
         return None
-    from tqdm.auto import tqdm
-
     return tqdm(total=cfg.train.steps, initial=start, desc="grpo", unit="step", dynamic_ncols=True)

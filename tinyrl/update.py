@@ -23,10 +23,16 @@ Ways of doing less work that leave the gradient the same (to fp32 rounding):
   earlier tokens (a block mask), so a micro-batch costs its real tokens, not rows x its longest
   completion, and one pass over the weights, not a prompt pass and a row pass. Prompts that open
   alike (a chat template's system prompt) put that common prefix in the sequence once.
+
+Which of the three ways a micro-batch's forward takes ("full", "shared_prompt", "packed") is
+`forward_mode`; `completion_hidden` runs it from the `FORWARDS` table and logs (INFO, tinyrl.update)
+each mode the first time the process uses it.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from dataclasses import dataclass
 
@@ -34,9 +40,23 @@ import torch
 
 from tinyrl import kernels
 from tinyrl.algo.losses import BatchTotals
-from tinyrl.model import (cache_kwarg, caches_under_autograd, common_prefix_length, full_attention_only,
-                          merged_lora_linears, output_projection, positions, prompt_cache, reference_context, trunk_of)
+from tinyrl.distributed import Dist
+from tinyrl.model.forward import (
+    attention_implementation,
+    cache_kwarg,
+    caches_under_autograd,
+    full_attention_only,
+    merged_lora_linears,
+    output_projection,
+    packed_hidden,
+    positions,
+    prompt_cache,
+    reference_context,
+    trunk_of,
+)
 from tinyrl.rollout.base import Rollouts
+
+log = logging.getLogger("tinyrl.update")
 
 
 @dataclass
@@ -76,62 +96,106 @@ def micro_batches(batch: Rollouts, rows: torch.Tensor, size: int) -> list[MicroB
     return out
 
 
+@dataclass
+class RowTokens:
+    """A micro-batch's rows on the model's device, cut to its widths; what the forward modes read of them
+    is computed when first asked, once."""
+    p_ids: torch.Tensor  # [n, P] left-padded prompts
+    p_mask: torch.Tensor  # [n, P]
+    c_ids: torch.Tensor  # [n, t1] right-padded completions
+    c_mask: torch.Tensor  # [n, t1]
+
+    @functools.cached_property
+    def _distinct(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.unique(torch.cat([self.p_ids, self.p_mask], 1), dim=0, return_inverse=True)
+
+    @property
+    def n_prompts(self) -> int:  # distinct prompts (ids and mask) among the rows
+        return self._distinct[0].shape[0]
+
+    @property
+    def row_prompt(self) -> torch.Tensor:  # [n] each row's distinct prompt
+        return self._distinct[1]
+
+    @functools.cached_property
+    def one(self) -> torch.Tensor:  # [k] a row of each distinct prompt
+        one = torch.empty(self.n_prompts, dtype=torch.long, device=self.p_ids.device)
+        one[self.row_prompt] = torch.arange(self.p_ids.shape[0], device=self.p_ids.device)
+        return one
+
+    @functools.cached_property
+    def lengths(self) -> torch.Tensor:  # [n] columns each row needs: up to its last completion token (>= 1)
+        cols = torch.arange(1, self.c_mask.shape[1] + 1, device=self.c_mask.device)
+        return (self.c_mask * cols).amax(-1).clamp(min=1)
+
+    @property
+    def after_prompt(self) -> torch.Tensor:  # [n, t1] the tokens whose outputs predict c_0 .. c_{t1-1}
+        return torch.cat([self.p_ids[:, -1:], self.c_ids[:, :-1]], 1)
+
+
 def completion_hidden(model, batch: Rollouts, mb: MicroBatch, pack: bool | None = None) -> torch.Tensor:
     """Final hidden states at the positions that predict each completion token: [n, T_mb, H].
 
-    Rows with the same prompt (a group's G completions) read it once: each distinct prompt but its
-    last token runs through the decoder stack once into a KV cache, and every row runs only its
-    last prompt token and completion, attending to its prompt's cache. Under autograd the cache
-    keeps its graph, so the prompt positions get the sum of their rows' gradients: the same
-    gradient as a forward of every full row (to fp32 rounding), with a G-th of the prompt work.
-    Where nothing repeats, or transformers would drop the cache (a gradient-checkpointed training
-    forward), every row runs in full.
-
-    Where the attention's block mask costs less than the padding it removes (`_packing_pays`), the
-    prompts and rows instead run as one packed pass (`_packed_hidden`: no padding, no cache, the
-    same attention); `pack` forces the choice (tests). Hidden states at padding positions are 0
-    there, and are never read."""
+    Run in one of three ways (`forward_mode` picks, `FORWARDS` runs it), each giving the hidden states
+    and the gradient of a forward of every full row (to fp32 rounding); hidden states at padding
+    positions are 0 there, and are never read. `pack` forces packing or not where rows share prompts
+    (tests)."""
     device = next(model.parameters()).device
     r, p0, t1 = mb.rows, mb.prompt_start, mb.completion_end
-    p_ids, p_mask = batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device)
-    c_ids, c_mask = batch.completion_ids[r, :t1].to(device), batch.completion_mask[r, :t1].to(device)
+    rows = RowTokens(batch.prompt_ids[r, p0:].to(device), batch.prompt_mask[r, p0:].to(device),
+                     batch.completion_ids[r, :t1].to(device), batch.completion_mask[r, :t1].to(device))
     trunk = trunk_of(model)
-    if p_ids.shape[1] >= 2 and caches_under_autograd(trunk):
-        prompts, row_prompt = torch.unique(torch.cat([p_ids, p_mask], 1), dim=0, return_inverse=True)
-        if prompts.shape[0] < r.numel():
-            return _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, prompts.shape[0], row_prompt, pack)
-    ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1)
-    hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False).last_hidden_state
-    P = p_ids.shape[1]
-    return hidden[:, P - 1: P + t1 - 1]
+    mode = forward_mode(trunk, rows, pack)
+    if mode not in _MODES_LOGGED:  # once per mode and process, not per micro-batch
+        _MODES_LOGGED.add(mode)
+        log.info("update forward mode %r: %s", mode, FORWARD_MODES[mode])
+    return FORWARDS[mode](trunk, rows)
 
 
-def _shared_prompt_hidden(trunk, p_ids, p_mask, c_ids, c_mask, n_prompts: int, row_prompt,
-                          pack: bool | None) -> torch.Tensor:
-    """completion_hidden where rows share prompts (`row_prompt`: each row's prompt index): one pass
-    over every distinct prompt and every row packed (`_packed_hidden`) where that pays, else one KV
-    cache per distinct prompt and the rows padded against it."""
-    one = torch.empty(n_prompts, dtype=torch.long, device=p_ids.device)
-    one[row_prompt] = torch.arange(p_ids.shape[0], device=p_ids.device)  # a row of each distinct prompt
-    ids = torch.cat([p_ids[:, -1:], c_ids[:, :-1]], 1)  # the tokens whose outputs predict c_0 .. c_{t1-1}
-    lengths = _completion_lengths(c_mask)
+FORWARD_MODES = {
+    "full": "every row runs its prompt and completion in full",
+    "shared_prompt": "each distinct prompt runs once into a KV cache that its rows attend to",
+    "packed": "distinct prompts and rows packed end to end in one pass under a block mask, no padding",
+}
+_MODES_LOGGED: set[str] = set()
+
+
+def forward_mode(trunk, rows: RowTokens, pack: bool | None = None) -> str:
+    """How `completion_hidden` runs a micro-batch (one of `FORWARD_MODES`).
+
+    Rows with the same prompt (a group's G completions) read it once: "shared_prompt", each distinct
+    prompt but its last token runs through the decoder stack once into a KV cache, and every row runs
+    only its last prompt token and completion against it (under autograd the cache keeps its graph,
+    so the prompt positions get the sum of their rows' gradients), a G-th of the prompt work; or
+    "packed", where the attention's block mask costs less than the padding it removes
+    (`_packing_pays`), the prompts and rows run as one pass with no padding and no cache
+    (`_packed_hidden`). Where nothing repeats, or transformers would drop the cache (a
+    gradient-checkpointed training forward), "full": every row runs in full."""
+    if rows.p_ids.shape[1] < 2 or not caches_under_autograd(trunk) or rows.n_prompts >= rows.p_ids.shape[0]:
+        return "full"
     if pack is None:
-        pack = _can_pack(trunk) and _packing_pays(trunk.config, lengths, p_mask[one, :-1].sum(-1))
-    if pack:
-        return _packed_hidden(trunk, p_ids[one, :-1], p_mask[one, :-1], ids, torch.cat([p_mask, c_mask[:, :-1]], 1),
-                              lengths, row_prompt)
-    cache, cols = prompt_cache(trunk, p_ids[one, :-1], p_mask[one, :-1])  # cols: the cache's real columns
-    attn = torch.cat([cols[row_prompt], p_mask[:, -1:], c_mask[:, :-1]], 1)  # the prompt (cached + last token)
-    pos = positions(attn)[:, -c_ids.shape[1]:]                                # and those tokens
+        pack = _can_pack(trunk) and _packing_pays(trunk.config, rows.lengths, rows.p_mask[rows.one, :-1].sum(-1))
+    return "packed" if pack else "shared_prompt"
+
+
+def _full_hidden(trunk, rows: RowTokens) -> torch.Tensor:
+    """completion_hidden with every row run in full (prompt and completion, padded)."""
+    ids, attn = torch.cat([rows.p_ids, rows.c_ids], 1), torch.cat([rows.p_mask, rows.c_mask], 1)
+    hidden = trunk(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False).last_hidden_state
+    P = rows.p_ids.shape[1]
+    return hidden[:, P - 1: P + rows.c_ids.shape[1] - 1]
+
+
+def _shared_prompt_hidden(trunk, rows: RowTokens) -> torch.Tensor:
+    """completion_hidden where rows share prompts: one KV cache per distinct prompt (its last token
+    left out) and the rows, padded, run against it."""
+    one, row_prompt = rows.one, rows.row_prompt
+    cache, cols = prompt_cache(trunk, rows.p_ids[one, :-1], rows.p_mask[one, :-1])  # cols: its real columns
+    attn = torch.cat([cols[row_prompt], rows.p_mask[:, -1:], rows.c_mask[:, :-1]], 1)  # the prompt (cached +
+    pos = positions(attn)[:, -rows.c_ids.shape[1]:]                                   # last token), the tokens
     cache.batch_select_indices(row_prompt)  # each row's prompt cache (differentiable indexing)
-    return trunk(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+    return trunk(input_ids=rows.after_prompt, attention_mask=attn, position_ids=pos, use_cache=True,
                  **{cache_kwarg(trunk): cache}).last_hidden_state
-
-
-def _completion_lengths(c_mask: torch.Tensor) -> torch.Tensor:
-    """Columns each row needs: up to its last completion token (at least 1)."""
-    cols = torch.arange(1, c_mask.shape[1] + 1, device=c_mask.device)
-    return (c_mask * cols).amax(-1).clamp(min=1)
 
 
 BLOCK_MASK_ATTENTION = ("sdpa", "eager")  # take a 4D mask as given: sdpa as booleans, eager as additive floats
@@ -140,8 +204,7 @@ BLOCK_MASK_ATTENTION = ("sdpa", "eager")  # take a 4D mask as given: sdpa as boo
 def _can_pack(trunk) -> bool:
     """A block mask is honoured by the attention (flash kernels take none) and is the whole mask (no
     sliding window for transformers to add)."""
-    return (getattr(trunk.config, "_attn_implementation", None) in BLOCK_MASK_ATTENTION
-            and full_attention_only(trunk.config))
+    return attention_implementation(trunk) in BLOCK_MASK_ATTENTION and full_attention_only(trunk.config)
 
 
 def _packing_pays(config, lengths: torch.Tensor, prompt_lengths: torch.Tensor) -> bool:
@@ -160,60 +223,14 @@ def _packing_pays(config, lengths: torch.Tensor, prompt_lengths: torch.Tensor) -
     return packed < padded
 
 
-def _packed_hidden(trunk, pp_ids, pp_mask, ids, attn, lengths, row_prompt) -> torch.Tensor:
-    """One decoder pass over every distinct prompt and every row, packed end to end with no padding.
-
-    The sequence is the prompts' common prefix once (`common_prefix_length`), each distinct prompt's
-    rest (`pp_ids` [k, L] left-padded, `pp_mask`: the prompts but their last token), then each row's
-    tokens `ids` [n, t1] (its first `lengths`; `attn` [n, L + 1 + t1 - 1]: its full mask, prompt
-    then those tokens, for position ids and which are real keys). A block mask lets a prompt token
-    see the prefix and its own prompt's earlier tokens, and a row token the prefix, its own
-    prompt and its own row's earlier real tokens: each token's attention is the full row's, at the
-    same positions, so the hidden states and gradients are those of every row run in full (the
-    prompt positions gather their rows' gradients). Returns [n, t1, H], 0 past each row's length."""
-    dev = ids.device
-    n, t1 = ids.shape
-    L = pp_ids.shape[1]
-    plen = pp_mask.sum(-1)
-    c = common_prefix_length(pp_ids, pp_mask)
-    rest = plen - c
-    # what each packed token is: segment kind (0 prefix, 1 a prompt's rest, 2 a row), its prompt, its
-    # row, its index within its segment, its token and position
-    prompt_of, in_rest = _segments(rest)
-    row, col = _segments(lengths)
-    pos_rows = positions(attn)[:, -t1:]
-    valid = attn[:, -t1:].bool()
-    tokens = torch.cat([pp_ids[0, L - int(plen[0]):][:c], pp_ids[prompt_of, L - rest[prompt_of] + in_rest],
-                        ids[row, col]])
-    pos = torch.cat([torch.arange(c, device=dev), c + in_rest, pos_rows[row, col]])
-    kind = torch.cat([torch.zeros(c, dtype=torch.long, device=dev), torch.ones_like(prompt_of), torch.full_like(row, 2)])
-    prompt = torch.cat([torch.full((c,), -1, dtype=torch.long, device=dev), prompt_of, row_prompt[row]])
-    owner = torch.cat([torch.full((c + prompt_of.numel(),), -1, dtype=torch.long, device=dev), row])
-    index = torch.cat([torch.arange(c, device=dev), in_rest, col])
-    real = torch.cat([torch.ones(c + prompt_of.numel(), dtype=torch.bool, device=dev), valid[row, col]])
-    qk = lambda x: (x[:, None], x[None])  # noqa: E731  (query's value, key's value)
-    (kq, kk), (pq, pk), (oq, ok), (iq, ik) = qk(kind), qk(prompt), qk(owner), qk(index)
-    earlier = ik <= iq
-    allowed = (((kk == 0) & ((kq > 0) | earlier))  # the prefix: causal within, whole to everything after
-               | ((kk == 1) & (kq > 0) & (pk == pq) & ((kq == 2) | earlier))  # a prompt's rest: its own
-               | ((kk == 2) & (ok == oq) & earlier & real[None]))  # a row's tokens: its own earlier real ones
-    allowed = allowed[None, None]
-    if trunk.config._attn_implementation == "eager":  # added to the scores: 0 or the dtype's minimum
-        act = trunk.get_input_embeddings().weight.dtype
-        allowed = torch.zeros(allowed.shape, dtype=act, device=dev).masked_fill(~allowed, torch.finfo(act).min)
-    h = trunk(input_ids=tokens[None], attention_mask=allowed, position_ids=pos[None],
-              use_cache=False).last_hidden_state[0, c + prompt_of.numel():]
-    return h.new_zeros(n * t1, h.shape[-1]).index_copy(0, row * t1 + col, h).view(n, t1, -1)
+def _packed_hidden(trunk, rows: RowTokens) -> torch.Tensor:
+    """completion_hidden as one packed pass (`packed_hidden`): each distinct prompt but its last token,
+    then each row's tokens after it, end to end, no padding."""
+    return packed_hidden(trunk, rows.p_ids[rows.one, :-1], rows.p_mask[rows.one, :-1], rows.after_prompt,
+                         torch.cat([rows.p_mask, rows.c_mask[:, :-1]], 1), rows.lengths, rows.row_prompt)
 
 
-def _segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Segments of `lengths` laid end to end: for each element, its segment and its index in it.
-
-    >>> [t.tolist() for t in _segments(torch.tensor([2, 0, 3]))]
-    [[0, 0, 2, 2, 2], [0, 1, 0, 1, 2]]
-    """
-    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-    return owner, torch.arange(owner.numel(), device=lengths.device) - (torch.cumsum(lengths, 0) - lengths)[owner]
+FORWARDS = {"full": _full_hidden, "shared_prompt": _shared_prompt_hidden, "packed": _packed_hidden}
 
 
 @dataclass
@@ -282,8 +299,6 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     `dist` (tinyrl.distributed; default: one process): `batch` is this rank's share of the global
     batch. The normalisers, the no-signal and non-finite decisions are global, and the gradients are
     summed over ranks once, before clipping, so every rank takes the step one process takes."""
-    from tinyrl.distributed import Dist
-
     dist = dist or Dist()
     loss_mask = batch.loss_mask.float()
     local = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included

@@ -81,14 +81,14 @@ print(search(row["metadata"]["entity"]))
 
 # %%
 from tinyrl.model import load_policy
-from tinyrl.rollout import make_engine, prompt_renderer
 from tinyrl.rollout.base import SamplingParams
+from tinyrl.rollout.engines import make_engine, prompt_renderer
 
 
 def agent_engine(adapter=None):
     model, tok = load_policy(cfg.model, cfg.lora, adapter=adapter)
     engine = make_engine("hf", model, tok, cfg, seed=SEED, task=task)
-    return engine, prompt_renderer(engine, tok, cfg.data), tok
+    return engine, prompt_renderer(cfg, tok, task, engine), tok
 
 
 def show(batch, i, tok):

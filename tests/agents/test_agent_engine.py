@@ -15,12 +15,14 @@ import re
 import pytest
 import torch
 
-from tinyrl.agents import AgentConfig, ToolCall, build_agent
+from tests.conftest import Recording
+from tinyrl.agents.environments import build_agent
 from tinyrl.agents.formats import HermesFormat
+from tinyrl.agents.tools import ToolCall
+from tinyrl.config.schema_agent import AgentConfig
 from tinyrl.rollout.agent import AgentEngine
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.hf import HFEngine
-from tests.conftest import Recording
 
 PEOPLE = [("Bales Bavax", "Grisimor", "tailor"), ("Gelo Homak", "Neliton", "baker"),
           ("Sunir Fali", "Helemor", "miner"), ("Duva Reses", "Samemor", "smith"), ("Levin Kenes", "Disuton", "fisher")]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyrl import sft
 from tinyrl.agents.demonstrations import Answer, Call
 from tinyrl.agents.formats import HermesFormat, SearchR1Format
 from tinyrl.config import ConfigError, load_config
+from tinyrl.methods import sft_data, sft_trl
 from tinyrl.model import load_policy
 from tinyrl.tasks import get_task
 from tinyrl.tasks.search_qa import demonstrate, world_dir
@@ -31,7 +31,7 @@ def setup():
     _, cfg = load_config("tiny_search_cpu", DEMO)
     torch.manual_seed(0)
     model, tok = load_policy(cfg.model, cfg.lora)
-    return cfg, model, tok, sft.agent_for(cfg, tok)
+    return cfg, model, tok, sft_data.agent_for(cfg, tok)
 
 
 def test_search_qa_demonstrates_one_and_two_hop_questions_from_the_world_table():
@@ -88,10 +88,10 @@ def test_replay_splices_in_the_engines_own_observation_and_marks_it(setup):
 def test_sft_labels_cover_the_models_turns_and_never_the_observation(setup, tmp_path, monkeypatch):
     cfg, model, tok, agent = setup
     monkeypatch.chdir(tmp_path)
-    rows = sft.load_rows(cfg)
+    rows = sft_data.sft_rows(cfg)
     assert len(rows) == cfg.data.num_train  # every question of the shipped world can be demonstrated
-    dataset = sft.tokenize(rows[:4], tok, cfg.data, agent, cfg.rollout.max_new_tokens)
-    trainer = sft.make_trainer(cfg, model, tok, dataset, tmp_path / "ckpt")
+    dataset = sft_data.tokenize(rows[:4], tok, cfg.data, agent, cfg.rollout.max_new_tokens)
+    trainer = sft_trl.make_trainer(cfg, model, tok, dataset, tmp_path / "ckpt")
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     for b, row in enumerate(rows[:4]):
         prompt = tok(agent.render(row["prompt"], cfg.data), add_special_tokens=False)["input_ids"]
@@ -109,13 +109,13 @@ def test_sft_labels_cover_the_models_turns_and_never_the_observation(setup, tmp_
 def test_demonstrations_need_an_agent_and_a_task_that_has_them(setup):
     _, cfg = load_config("tiny_sft_cpu", {"sft.data": "demonstrations"})
     with pytest.raises(ConfigError, match="agent.enabled"):
-        sft.load_rows(cfg)
+        sft_data.sft_rows(cfg)
     _, cfg = load_config("tiny_search_cpu", {**DEMO, "data.task": "arithmetic", "data.task_args": {}})
     with pytest.raises(ConfigError, match="no expert demonstrations"):
-        sft.load_rows(cfg)
+        sft_data.sft_rows(cfg)
     cfg, _, tok, agent = setup
     with pytest.raises(ConfigError, match="rollout.max_new_tokens=8"):
-        sft.tokenize(sft.load_rows(cfg)[:2], tok, cfg.data, agent, budget=8)
+        sft_data.tokenize(sft_data.sft_rows(cfg)[:2], tok, cfg.data, agent, budget=8)
 
 
 def test_a_demonstration_cold_start_teaches_the_call_format(tmp_path):
@@ -126,7 +126,7 @@ def test_a_demonstration_cold_start_teaches_the_call_format(tmp_path):
     run = train("tiny_search_cpu", **{**DEMO, "stages": ["sft"], "sft.max_steps": 6, "sft.batch_size": 8,
                                       "sft.lr": 1e-3, "log.run_dir": str(tmp_path), "log.name": "demo"})
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
-    assert summary["rows"] == 40 and summary["steps"] == 6
+    assert summary["details"]["rows"] == 40 and summary["steps"] == 6
     assert summary["eval_before"] is not None and summary["eval_after"] is not None
     losses = [r["loss"] for r in run.metrics if "loss" in r]
     assert len(losses) == 6 and losses[-1] < losses[0]

@@ -3,7 +3,9 @@ plugged in unchanged, a raising environment contained; the search tool on the sh
 
 import pytest
 
-from tinyrl.agents import AgentConfig, Environment, ToolCall, ToolResult, build_agent, make_environment, safe_step
+from tinyrl.agents.environments import Environment, build_agent, make_environment, safe_step
+from tinyrl.agents.tools import ToolCall, ToolResult
+from tinyrl.config.schema_agent import AgentConfig
 from tinyrl.errors import ConfigError
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tinyrl.agents.formats import HermesFormat, SearchR1Format, make_format
-from tinyrl.agents.tools import ToolCall, Toolbox, ToolResult
+from tinyrl.agents.tools import Toolbox, ToolCall, ToolResult
 
 
 def python(code: str) -> str:

@@ -3,8 +3,15 @@
 import pytest
 
 from tinyrl.rewards import REWARDS
-from tinyrl.rewards.qa import (em_check, extract_answer, extract_gaia_answer, f1_score, gaia_question_scorer,
-                               normalize_answer, valid_search_r1_sequence)
+from tinyrl.rewards.qa import (
+    em_check,
+    extract_answer,
+    extract_gaia_answer,
+    f1_score,
+    gaia_question_scorer,
+    normalize_answer,
+    valid_search_r1_sequence,
+)
 
 NORMALIZE = [
     ("Kelmora", "kelmora"),

@@ -85,8 +85,7 @@ def test_dense_without_its_extra_names_the_extra(monkeypatch):
 
 
 def test_python_tool_runs_in_the_sandbox():
-    from tinyrl.agents import Toolbox, ToolCall
-    from tinyrl.agents.tools import resolve_tool
+    from tinyrl.agents.tools import Toolbox, ToolCall, resolve_tool
 
     box = Toolbox([resolve_tool("python", None)])
     assert box.schemas()[0]["function"]["parameters"]["required"] == ["code"]

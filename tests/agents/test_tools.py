@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tinyrl.agents.tools import ERROR_KINDS, ToolCall, Toolbox, ToolResult, error_text, resolve_tool
+from tinyrl.agents.tools import ERROR_KINDS, Toolbox, ToolCall, ToolResult, error_text, resolve_tool
 
 
 def get_weather(city: str, unit: str = "celsius") -> str:

@@ -29,7 +29,7 @@ def test_same_seed_same_bytes_other_seed_other_world(tmp_path):
 
 def test_the_shipped_world_is_the_generators_seed_0(tmp_path):
     paths = write_world(make_world(WorldSpec(seed=0)), tmp_path)
-    for name, path in paths.items():
+    for path in paths.values():
         assert path.read_bytes() == (WORLD / path.name).read_bytes(), f"{path.name} differs: re-run make_search_world"
 
 

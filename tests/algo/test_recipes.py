@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from tinyrl.algo.recipes import RECIPES
-from tinyrl.config import apply_recipe
 from tinyrl.algo.shaping import informative_groups
 from tinyrl.api import build_trainer
-from tinyrl.config import load_config
+from tinyrl.config import apply_recipe, load_config
 
 
 def base(model_dir, run_root, **extra):

@@ -4,9 +4,9 @@ against TRL's, and the ways of combining components."""
 import pytest
 import torch
 
+from tinyrl.algo.shaping import overlong_penalty
 from tinyrl.config import RewardSpec
 from tinyrl.rewards.core import RewardSet
-from tinyrl.algo.shaping import overlong_penalty
 from tinyrl.rewards.format import answer_format_reward, one_answer_reward, think_answer_format_reward
 
 

@@ -9,8 +9,18 @@ import torch
 from tinyrl.config import RewardSpec
 from tinyrl.rewards.core import RewardSet
 from tinyrl.rewards.guards import completion_text, is_hedged, strip_prompt_echo
-from tinyrl.rewards.math import (answers_equivalent, extract_answer, find_answer_is, find_boxed, find_gsm8k,
-                                 gold_answer, last_number, math_lenient_reward, math_scores, math_strict_reward)
+from tinyrl.rewards.math import (
+    answers_equivalent,
+    extract_answer,
+    find_answer_is,
+    find_boxed,
+    find_gsm8k,
+    gold_answer,
+    last_number,
+    math_lenient_reward,
+    math_scores,
+    math_strict_reward,
+)
 from tinyrl.rewards.pool import TIMEOUT, CallError, TimeoutPool
 
 pytest.importorskip("math_verify")

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.conftest import Recording, make_char_model
 from tinyrl.rollout.agent import AgentEngine
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.hf import HFEngine
-from tests.conftest import Recording, make_char_model
 
 
 @dataclass

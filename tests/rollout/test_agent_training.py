@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import tinyrl
-from tinyrl.agents import FORMATS, ToolCall
 from tests.conftest import make_char_model
+from tinyrl.agents.formats import FORMATS
+from tinyrl.agents.tools import ToolCall
 
 
 class BracketFormat:

@@ -7,8 +7,7 @@ import torch
 
 from tinyrl.config import LoraConfig, ModelConfig
 from tinyrl.model import load_policy
-from tinyrl.rollout.base import Rollouts, SamplingParams
-from tinyrl.rollout.base import StopStrings
+from tinyrl.rollout.base import Rollouts, SamplingParams, StopStrings
 from tinyrl.rollout.hf import HFEngine
 from tinyrl.update import score_logprobs
 
@@ -254,7 +253,7 @@ def test_contexts_that_open_alike_prefill_their_common_prefix_once(policy, monke
     own rest: the cache holds [prefix | padding | rest] with its mask moved to match, and the draws
     and logprobs are those of a plain left-padded prefill, through the written-out decode step and
     through the model's own forward alike."""
-    import tinyrl.model as model_mod
+    import tinyrl.model.forward as model_mod
     import tinyrl.rollout.hf as hf
 
     model, tok = policy

@@ -31,7 +31,7 @@ def reward_by_length(prompts, completions, **kw):
 
 def test_missing_vllm_names_the_extra(monkeypatch, tiny_model_dir):
     from tinyrl.config import config_from_dict
-    from tinyrl.rollout import make_engine
+    from tinyrl.rollout.engines import make_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     cfg = config_from_dict({"model": {"name": tiny_model_dir}})
@@ -241,7 +241,7 @@ def test_multi_turn_episodes_on_vllm_keep_the_sampled_ids_and_match_the_trainer(
     the trainer's score of the whole multi-turn sequence."""
     from types import SimpleNamespace
 
-    from tinyrl.agents import ToolCall, ToolResult
+    from tinyrl.agents.tools import ToolCall, ToolResult
     from tinyrl.rollout.agent import AgentEngine
 
     class EqualsFormat:

@@ -11,7 +11,7 @@ A task's `demonstrate(row)` returns the expert's steps, `Call(name, arguments)`s
 a trajectory exactly as a rollout would build it: each step written in the run's call format
 (`CallFormat.call_text` / `answer_text`) and tokenised on its own, the tool really called
 through the run's environment, and its observation the engine's own observation tokens (cut
-to `agent.max_obs_tokens`), marked so that SFT does not learn them (`sft.tokenize`).
+to `agent.max_obs_tokens`), marked so that SFT does not learn them (`tinyrl.methods.sft_data.tokenize`).
 
     sft:
       data: demonstrations     # the task's expert steps, replayed through the agent's tools

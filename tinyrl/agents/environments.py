@@ -25,7 +25,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from tinyrl.agents.tools import ToolCall, Toolbox, ToolResult, error_text, resolve_tool
+from tinyrl.agents.formats import make_format
+from tinyrl.agents.tools import Toolbox, ToolCall, ToolResult, error_text, resolve_tool
 
 log = logging.getLogger("tinyrl.agents")
 
@@ -183,8 +184,6 @@ class AgentSetup:
 
 def build_agent(agent_cfg, task=None) -> AgentSetup:
     """Format + toolbox + environment factory for `agent_cfg` (see `make_format`, `make_environment`)."""
-    from tinyrl.agents.formats import make_format
-
     make_env = make_environment(agent_cfg, task)
     toolbox = make_env.toolbox
     if getattr(agent_cfg, "environment", None) is not None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tinyrl.agents.tools import register_tool
+from tinyrl.rewards.sandbox import Limits, run_tests
 
 NO_OUTPUT = "(no output)"
 
 
 def make_python_tool(timeout: float = 5.0, max_chars: int = 2000) -> Callable[[str], str]:
-    from tinyrl.rewards.sandbox import Limits, run_tests
-
     limits = Limits(wall_s=timeout, cpu_s=timeout)
 
     def python(code: str) -> str:
@@ -41,7 +39,6 @@ def make_python_tool(timeout: float = 5.0, max_chars: int = 2000) -> Callable[[s
     return python
 
 
-@register_tool("python")
 def build_python_tool(agent_cfg, task) -> Callable[[str], str]:
     # the sandbox keeps its own wall clock a little under the toolbox's timeout, so it reports first
     timeout = float(getattr(agent_cfg, "tool_timeout", 10.0))

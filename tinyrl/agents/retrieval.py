@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from tinyrl.agents.tools import register_tool
-
 log = logging.getLogger("tinyrl.agents")
 NO_RESULTS = "No results."
 
@@ -205,7 +203,6 @@ def corpus_of(agent_cfg, task) -> str:
     return str(corpus)
 
 
-@register_tool("search")
 def build_search_tool(agent_cfg, task) -> Callable[[str], str]:
     retriever = get_retriever(getattr(agent_cfg, "retriever", "bm25"), corpus_of(agent_cfg, task),
                               getattr(agent_cfg, "retriever_model", None), getattr(agent_cfg, "index", None))

@@ -39,7 +39,6 @@ ToolResult(text='5', error=None, detail='')
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -47,6 +46,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from tinyrl.registry import Registry, load_object
 
 log = logging.getLogger("tinyrl.agents")
 
@@ -225,16 +226,18 @@ def to_text(value: Any) -> str:
 
 # --------------------------------------------------------------------------- the registry
 
-# name -> builder(agent_cfg, task) -> tool function. Builders import heavy packages lazily.
-TOOLS: dict[str, Callable[..., Callable]] = {}
+# name -> builder(agent_cfg, task) -> tool function; a built-in's module loads when a run uses it
+TOOLS = Registry("agent.tools", {
+    "search": "tinyrl.agents.retrieval:build_search_tool",
+    "python": "tinyrl.agents.python_tool:build_python_tool",
+})
 
 
 def register_tool(name: str):
     """Decorator: make a tool builder available to presets as `agent.tools: [name]`."""
 
     def wrap(builder):
-        TOOLS[name] = builder
-        return builder
+        return TOOLS.register(name, builder)
 
     return wrap
 
@@ -244,9 +247,8 @@ def resolve_tool(spec: str, agent_cfg=None, task=None) -> Callable:
     if spec in TOOLS:
         return TOOLS[spec](agent_cfg, task)
     if ":" in spec:
-        module, _, attr = spec.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return load_object(spec)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"agent.tools: cannot import {spec!r} ({type(e).__name__}: {e})") from e
     raise ValueError(f"agent.tools: unknown tool {spec!r}; use one of {sorted(TOOLS)} or 'module:function'")

@@ -105,8 +105,9 @@ def _invent(rng: random.Random, n: int, taken: set[str], suffixes: list[str] | N
     return out
 
 
-def make_world(spec: WorldSpec = WorldSpec()) -> World:
-    """People with facts, split by person; deterministic for `spec.seed`."""
+def make_world(spec: WorldSpec | None = None) -> World:
+    """People with facts, split by person; deterministic for `spec.seed` (default: `WorldSpec()`)."""
+    spec = spec or WorldSpec()
     rng = random.Random(f"search-world-{spec.seed}")
     taken: set[str] = set()
     first = _invent(rng, spec.n_first_names, taken)

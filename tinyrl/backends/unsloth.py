@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tinyrl.model import ModelLoadError, checkpointing_on
+from tinyrl.errors import ModelLoadError
 
 EXTRA = "pip install 'tinyrl[unsloth]'"
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -50,26 +50,27 @@ def target_modules(spec) -> list[str]:
     return [spec] if isinstance(spec, str) else list(spec)
 
 
-def load_policy(cfg_model, cfg_lora, resolved, adapter: str | None = None):
-    """(peft model, tokenizer) loaded through FastLanguageModel; `adapter` loads saved LoRA weights."""
+def load_policy(cfg_model, cfg_lora, resolved, adapter: str | None = None, *, checkpointing: bool = False):
+    """(peft model, tokenizer) loaded through FastLanguageModel; `adapter` loads saved LoRA weights;
+    `checkpointing`: Unsloth's own gradient checkpointing (the loader's `checkpointing_on`, decided
+    there: this module imports nothing of tinyrl.model, which imports it)."""
     check_available()
     if resolved.gguf_file:
         raise ModelLoadError(f"model.backend 'unsloth' cannot load the GGUF file {resolved.gguf_file!r}; "
                              f"give a safetensors model folder or hub id")
+    import torch
     from unsloth import FastLanguageModel  # GPU-only, optional: the one import of unsloth
 
-    import torch
-
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg_model.dtype]
-    checkpointing = "unsloth" if checkpointing_on(cfg_model) else False
+    use_checkpointing = "unsloth" if checkpointing else False
     model, tok = FastLanguageModel.from_pretrained(
         model_name=resolved.path, dtype=dtype, load_in_4bit=cfg_model.load_in_4bit,
-        use_gradient_checkpointing=checkpointing, fast_inference=False)
+        use_gradient_checkpointing=use_checkpointing, fast_inference=False)
     if adapter is None:
         model = FastLanguageModel.get_peft_model(
             model, r=cfg_lora.r, lora_alpha=cfg_lora.alpha, lora_dropout=cfg_lora.dropout,
             target_modules=target_modules(cfg_lora.target_modules), bias="none",
-            use_gradient_checkpointing=checkpointing)
+            use_gradient_checkpointing=use_checkpointing)
     else:
         from peft import PeftModel
 

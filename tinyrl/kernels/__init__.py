@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tinyrl.algo.advantages import AdvantageOutput
 from tinyrl.algo.losses import BatchTotals, LossSwitches, policy_loss
+from tinyrl.kernels.grouped_advantage import grouped_advantages as _ga
+from tinyrl.kernels.torch_logprobs import torch_linear_logprobs
 
 HAS_TRITON: bool = importlib.util.find_spec("triton") is not None
 
@@ -50,8 +53,6 @@ def linear_logprobs(hidden, weight, targets, bias=None, temperature=1.0, chunk_s
 
         logp, ent = triton_linear_logprobs(h2, weight, t1, bias=bias, temperature=temperature)
     else:
-        from tinyrl.kernels.torch_logprobs import torch_linear_logprobs
-
         logp, ent = torch_linear_logprobs(h2, weight, t1, bias=bias, temperature=temperature, chunk_size=chunk_size)
     return logp.reshape(lead), ent.reshape(lead)
 
@@ -107,16 +108,12 @@ def grouped_advantages(rewards, group, scale="group", eps=1e-4, impl="auto"):
 
     Same numbers as tinyrl.algo.advantages.grpo (scale group | batch | none).
     """
-    from tinyrl.kernels.grouped_advantage import grouped_advantages as _ga
-
     return _ga(rewards, group, scale=scale, eps=eps, impl=resolve_impl(impl, rewards.device))
 
 
 def _kernel_estimator(scale: str | None):
     """An advantage estimator (AdvantageInputs -> AdvantageOutput) computed by the grouped kernel on the
     device the run trains on; `scale` None = the run's `algo.scale` (grpo), "none" = dr_grpo."""
-    from tinyrl.algo.advantages import AdvantageOutput
-
     def estimate(x, device="cuda"):
         adv, st = grouped_advantages(x.rewards.to(device), x.group.to(device), scale=scale or x.scale, eps=x.eps,
                                      impl="auto")

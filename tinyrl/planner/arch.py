@@ -153,7 +153,7 @@ def _config_json_for(name: str) -> Path | None:
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path / "config.json"
-    try:
+    try:  # lazy: tinyrl.model is the loader (torch, transformers); `import tinyrl.planner` stays arithmetic
         from tinyrl.model import BUILTIN_MODELS, resolve_model
 
         if name in BUILTIN_MODELS:

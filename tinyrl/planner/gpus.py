@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from tinyrl.errors import ConfigError
+from tinyrl.hardware import host_memory  # noqa: F401 - the planner's name for it
 
 MiB = 2**20
 
@@ -56,15 +57,3 @@ def world_size_of(profile: str | None) -> int:
     return int(m.group(1)) if m else 1
 
 
-def host_memory() -> int:
-    """This machine's RAM (MemTotal), the budget of a CPU plan."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

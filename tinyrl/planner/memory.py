@@ -39,6 +39,15 @@ VLLM_FIXED = 512 * MiB  # vLLM's CUDA graphs and non-torch memory (an estimate; 
 SAMPLING_COPIES = 4  # HF generate, per step: fp32 logits, the logprob recorder, temperature-scaled, softmax
 
 
+def size(n: int) -> str:
+    """Bytes as a reader wants them: GiB, or MiB below 1 GiB (a tiny run is not "0.00 GiB").
+
+    >>> size(5 * GiB + GiB // 2), size(28 * MiB + MiB // 2), size(0)
+    ('5.50 GiB', '28.5 MiB', '0.0 MiB')
+    """
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
 @dataclass(frozen=True)
 class Setup:
     """What the memory of one run depends on (one rank: its share of the prompts)."""
@@ -265,6 +274,7 @@ def decode_copy_bytes(s: Setup, ram: int) -> int:
     >>> decode_copy_bytes(s, 2 ** 40) == a.linear_weight_params * 4, decode_copy_bytes(s, 8 * 2 ** 20)
     (True, 1048576)
     """
+    # lazy: tinyrl.model is the loader (torch, transformers); `import tinyrl.planner` stays arithmetic
     from tinyrl.model import MERGE_SHARE
 
     if s.device != "cpu":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from tinyrl.planner import memory as M
 from tinyrl.planner.arch import resolve_arch
+from tinyrl.planner.prompts import measure_prompt_tokens
 
 log = logging.getLogger("tinyrl.planner")
 SLACK = 0.10  # CUDA caching-allocator fragmentation: reserved over allocated (typical 5-15%)
@@ -223,8 +224,6 @@ def vllm_settings(cfg, gpu_bytes: int, prompt_tokens: int | None = None) -> tupl
     only max_num_seqs is fitted to it; the prompt length is measured on the run's own prompts
     where they and the tokenizer are on disk."""
     if prompt_tokens is None:
-        from tinyrl.planner.prompts import measure_prompt_tokens
-
         found = measure_prompt_tokens(cfg)
         prompt_tokens = found[0] if found else None
     try:
@@ -291,8 +290,6 @@ def plan_config(cfg, device: str, budget: int, budget_label: str = "", world_siz
     model.gradient_checkpointing auto is planned as the rule decides it for this budget (a note says why)."""
     why = None
     if cfg.model.gradient_checkpointing == "auto":
-        from tinyrl.planner.checkpointing import decide
-
         cfg, why = decide(cfg, device, budget, world_size, prompt_tokens)
     s = setup_from_config(cfg, device, world_size, prompt_tokens)
     util = cfg.rollout.gpu_memory_utilization
@@ -303,3 +300,38 @@ def plan_config(cfg, device: str, budget: int, budget_label: str = "", world_siz
     if why:
         plan.notes.append(why)
     return plan
+
+
+# --------------------------------------------------------------------------- gradient checkpointing "auto"
+# The rule tinyrl/planner/checkpointing.py describes (and applies where a trainer starts). It lives
+# here, beside plan_config, because it is a question to the plan and plan_config plans "auto" with it.
+
+
+def with_checkpointing(cfg, on: bool):
+    """`cfg` with model.gradient_checkpointing set to `on`."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=on))
+
+
+def checkpointing_pays(cfg, device: str, budget: int, world_size: int = 1,
+                       prompt_tokens: int | None = None) -> tuple[bool, str]:
+    """The rule for RunConfig `cfg` on `device` with `budget` bytes: (on, why).
+
+    On exactly when the plan without checkpointing does not fit and its peak is the update phase."""
+    plan = plan_config(with_checkpointing(cfg, False), device, budget, world_size=world_size,
+                       prompt_tokens=prompt_tokens)
+    of = f"{M.size(plan.peak)} of {M.size(budget)}"
+    if plan.fits:
+        return False, f"the run fits without it (planned peak {of})"
+    if plan.peak_phase != "update":
+        return False, f"the planned peak ({of}) is the {plan.peak_phase} phase, which checkpointing does not lower"
+    return True, f"without it the update's planned peak is {of}"
+
+
+def decide(cfg, device: str, budget: int, world_size: int = 1, prompt_tokens: int | None = None):
+    """(`cfg` with "auto" decided by the rule, the line that says what and why)."""
+    on, why = checkpointing_pays(cfg, device, budget, world_size, prompt_tokens)
+    return with_checkpointing(cfg, on), checkpointing_line(on, why)
+
+
+def checkpointing_line(on: bool, why: str) -> str:
+    return f"model.gradient_checkpointing auto -> {str(on).lower()}: {why}"

@@ -24,6 +24,7 @@ def _offline():
 
 def _local_tokenizer(cfg_model):
     """The run's tokenizer if it is on disk (shipped model, local folder, HF cache), else None."""
+    # lazy: the loader and the data pipeline bring torch/transformers, which planning alone never needs
     from tinyrl.model import BUILTIN_MODELS, load_tokenizer, resolve_model
 
     name = cfg_model.name
@@ -43,7 +44,7 @@ def measure_prompt_tokens(cfg, sample: int = 64) -> tuple[int, str] | None:
     """(longest prompt in tokens over `sample` training rows, how it was found), or None.
 
     None when the data or the tokenizer is not available offline (e.g. a GSM8K file not given)."""
-    from tinyrl.data import load_rows, render_prompt
+    from tinyrl.data import load_rows, render_prompt  # lazy: tinyrl.data imports torch (see above)
 
     try:
         data = dataclasses.replace(cfg.data, num_train=min(cfg.data.num_train, sample), num_eval=0)

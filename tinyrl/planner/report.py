@@ -1,14 +1,36 @@
-"""`tinyrl plan PRESET [--gpu NAME | --gpu-mem 24GB] [--profile NAME] [overrides]`: print a plan."""
+"""`tinyrl plan PRESET [--gpu NAME | --gpu-mem 24GB] [--profile NAME] [overrides]`: print a plan.
+
+The launch form of the UI (tinyrl/apps/forms.py) shows the same text, made by the same functions."""
 
 from __future__ import annotations
 
+from tinyrl.config import load_config
 from tinyrl.planner import gpus
 from tinyrl.planner import memory as M
 from tinyrl.planner.plan import Plan, largest, plan_config
+from tinyrl.planner.prompts import measure_prompt_tokens
+
+KNOBS = {"micro_batch": "train.micro_batch_size", "generations": "rollout.num_generations",
+         "new_tokens": "rollout.max_new_tokens"}
 
 
 def gib(n: int) -> str:
     return f"{n / M.GiB:8.2f}"
+
+
+def budget_line(p: Plan) -> str:
+    return f"budget  {p.budget_label} = {p.budget / M.GiB:.2f} GiB"
+
+
+def verdict_lines(p: Plan, maxima: dict[str, int | None] | None = None) -> list[str]:
+    """The verdict (peak of budget), its problems and notes, and the largest settings that fit."""
+    verdict = "FITS" if p.fits else "DOES NOT FIT"
+    lines = [f"verdict: {verdict}: {M.size(p.peak)} of {M.size(p.budget)} ({100 * p.peak / p.budget:.0f}%)"]
+    lines += [f"  problem: {x}" for x in p.problems] + [f"  note: {x}" for x in p.notes]
+    if maxima:
+        parts = [f"{KNOBS[k]}={'none' if v is None else v}" for k, v in maxima.items()]
+        lines.append("largest that fit (one at a time, the rest as set): " + ", ".join(parts))
+    return lines
 
 
 def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_note: str = "") -> str:
@@ -20,7 +42,7 @@ def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_not
              f"{','.join(s.targets)}; {s.prompts} prompts x {s.generations} = {s.rows} completions, "
              f"micro-batch {s.micro_batch}; prompt {s.prompt_tokens} + {s.new_tokens} new tokens"
              + (f" (prompt: {prompt_note})" if prompt_note else ""),
-             f"budget  {p.budget_label} = {p.budget / M.GiB:.2f} GiB", "",
+             budget_line(p), "",
              f"{'component':<64} {'phase':<8} {'GiB':>8}", "-" * 82]
     for r in p.rows:
         if r.bytes:
@@ -35,16 +57,25 @@ def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_not
     lines.append(f"{'total at peak':<73} {gib(p.peak)}")
     if p.vllm:
         lines.append(f"vLLM settings: gpu_memory_utilization={p.vllm[0]:.2f}, max_num_seqs={p.vllm[1]}")
-    verdict = "FITS" if p.fits else "DOES NOT FIT"
-    lines.append(f"verdict: {verdict}: {p.peak / M.GiB:.2f} GiB of {p.budget / M.GiB:.2f} GiB "
-                 f"({100 * p.peak / p.budget:.0f}%)")
-    lines += [f"  problem: {x}" for x in p.problems] + [f"  note: {x}" for x in p.notes]
-    if maxima:
-        label = {"micro_batch": "train.micro_batch_size", "generations": "rollout.num_generations",
-                 "new_tokens": "rollout.max_new_tokens"}
-        parts = [f"{label[k]}={'none' if v is None else v}" for k, v in maxima.items()]
-        lines.append("largest that fit (one at a time, the rest as set): " + ", ".join(parts))
-    return "\n".join(lines)
+    return "\n".join(lines + verdict_lines(p, maxima))
+
+
+def maxima_of(p: Plan) -> dict[str, int | None]:
+    """The largest value of each knob whose plan fits p's budget (one at a time, the rest as set)."""
+    return {k: largest(p.setup, p.budget, k) for k in KNOBS}
+
+
+def this_machine() -> tuple[str, int, str]:
+    """(device, bytes, label) of this process: its CUDA card, else the machine's RAM."""
+    try:
+        import torch  # lazy: asked only for a card; `tinyrl plan --gpu X` never needs it
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return "cuda", props.total_memory, f"this machine's {props.name}"
+    except Exception:  # noqa: BLE001
+        pass
+    return "cpu", gpus.host_memory(), "this machine's RAM"
 
 
 def budget_for(cfg, gpu: str | None, gpu_mem: str | None, profile: str | None) -> tuple[str, int, str]:
@@ -56,35 +87,27 @@ def budget_for(cfg, gpu: str | None, gpu_mem: str | None, profile: str | None) -
     if profile in gpus.PROFILE_GPUS:
         card = gpus.PROFILE_GPUS[profile]
         return "cuda", gpus.GPUS[card], f"{card} (profile {profile})"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return "cuda", props.total_memory, f"this machine's {props.name}"
-    except Exception:  # noqa: BLE001
-        pass
-    if cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32":
+    here = this_machine()
+    if here[0] == "cpu" and (cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32"):
         return "cuda", gpus.GPUS["L4"], "a 24 GB card (L4; no --gpu given)"
-    return "cpu", gpus.host_memory(), "this machine's RAM"
+    return here
+
+
+def prompt_length(cfg, prompt_len: int | None = None) -> tuple[int | None, str]:
+    """(prompt tokens to plan with, where the number came from); None: the task's typical length."""
+    if prompt_len:
+        return prompt_len, "--prompt-len"
+    found = measure_prompt_tokens(cfg)
+    if found is not None:
+        return found
+    return None, f"typical for task {cfg.data.task!r} (data or tokenizer not on disk; --prompt-len to set it)"
 
 
 def run(preset, overrides: list[str], profile: str | None = None, gpu: str | None = None,
         gpu_mem: str | None = None, prompt_len: int | None = None, search: bool = True) -> tuple[Plan, str]:
     """Load the preset (+ profile, overrides), plan it, and return (plan, printable text)."""
-    from tinyrl.config import load_config
-
     _, cfg = load_config(preset, overrides, profile=profile)
     device, budget, label = budget_for(cfg, gpu, gpu_mem, profile)
-    note = "--prompt-len" if prompt_len else ""
-    if prompt_len is None:
-        from tinyrl.planner.prompts import measure_prompt_tokens
-
-        found = measure_prompt_tokens(cfg)
-        if found is not None:
-            prompt_len, note = found
-        else:
-            note = f"typical for task {cfg.data.task!r} (data or tokenizer not on disk; --prompt-len to set it)"
+    prompt_len, note = prompt_length(cfg, prompt_len)
     p = plan_config(cfg, device, budget, label, gpus.world_size_of(profile), prompt_len)
-    maxima = {k: largest(p.setup, budget, k) for k in ("micro_batch", "generations", "new_tokens")} if search else None
-    return p, format_plan(p, maxima, note)
+    return p, format_plan(p, maxima_of(p) if search else None, note)

@@ -1,12 +1,9 @@
-"""Verifiers and reward functions (TRL signature), and the weighted reward set of a run."""
+"""Verifiers and reward functions (TRL signature), and the weighted reward set of a run.
+
+`REWARDS` names every library reward; its module (math.py, format.py, code.py, qa.py,
+trl_compat.py) loads when a run uses it.
+"""
 
 from tinyrl.rewards.core import REWARDS, RewardSet, register, resolve_reward, score_rollouts
 
 __all__ = ["REWARDS", "RewardSet", "register", "resolve_reward", "score_rollouts"]
-
-# Library rewards register themselves on import (all light: math-verify, TRL load lazily).
-from tinyrl.rewards import math  # noqa: E402,F401
-from tinyrl.rewards import format  # noqa: E402,F401
-from tinyrl.rewards import code  # noqa: E402,F401
-from tinyrl.rewards import trl_compat  # noqa: E402,F401
-from tinyrl.rewards import qa  # noqa: E402,F401

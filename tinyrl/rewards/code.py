@@ -20,7 +20,6 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from tinyrl.rewards.core import register
 from tinyrl.rewards.guards import completion_text
 from tinyrl.rewards.sandbox import Limits, SandboxResult, run_tests
 
@@ -63,7 +62,6 @@ def run_completions(codes: list[str | None], tests: list, entry_points: list | N
         return list(ex.map(one, range(len(codes))))
 
 
-@register("code_tests")
 def code_tests_reward(prompts: list, completions: list, tests: list | None = None, entry_point: list | None = None,
                       partial: bool = True, fenced_only: bool = True, tests_column: str = "tests",
                       cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512, workers: int | None = None,

@@ -18,7 +18,6 @@ Ctrl-C (KeyboardInterrupt) still stops the run.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import logging
 import math
@@ -29,25 +28,36 @@ from typing import Any, Callable
 
 import torch
 
+from tinyrl.errors import RewardImportError
+from tinyrl.registry import Registry, load_object
+
 log = logging.getLogger("tinyrl.rewards")
 
 DEFAULT_TIMEOUT = 300.0  # seconds per reward call (one call scores a whole batch); RewardConfig.timeout
 RewardFn = Callable[..., list]
-REWARDS: dict[str, RewardFn] = {}
+# name -> reward function; a library reward's module (math-verify, the sandbox, TRL) loads when a run uses it
+REWARDS = Registry("reward", {
+    "code_tests": "tinyrl.rewards.code:code_tests_reward",
+    "think_answer_format": "tinyrl.rewards.format:think_answer_format_reward",
+    "answer_format": "tinyrl.rewards.format:answer_format_reward",
+    "one_answer": "tinyrl.rewards.format:one_answer_reward",
+    "math_strict": "tinyrl.rewards.math:math_strict_reward",
+    "math_lenient": "tinyrl.rewards.math:math_lenient_reward",
+    "qa_em": "tinyrl.rewards.qa:qa_em_reward",
+    "qa_f1": "tinyrl.rewards.qa:qa_f1_reward",
+    "search_r1_format": "tinyrl.rewards.qa:search_r1_format_reward",
+    "gaia": "tinyrl.rewards.qa:gaia_reward",
+    "trl": "tinyrl.rewards.trl_compat:trl_reward",
+})
 
 
 def register(name: str):
     """Decorator: make a reward function available to presets by `name`."""
 
     def wrap(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
+        return REWARDS.register(name, fn)
 
     return wrap
-
-
-class RewardImportError(ValueError):
-    pass
 
 
 def resolve_reward(name: str, task=None, kwargs: dict | None = None) -> RewardFn:
@@ -59,9 +69,8 @@ def resolve_reward(name: str, task=None, kwargs: dict | None = None) -> RewardFn
     elif name in REWARDS:
         fn = REWARDS[name]
     elif ":" in name:
-        module, _, attr = name.partition(":")
         try:
-            fn = getattr(importlib.import_module(module), attr)
+            fn = load_object(name)
         except (ImportError, AttributeError) as e:
             raise RewardImportError(
                 f"reward.functions: cannot import {name!r} ({type(e).__name__}: {e}). "

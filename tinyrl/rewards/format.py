@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 
-from tinyrl.rewards.core import register
 from tinyrl.rewards.guards import answer_blocks, completion_text, prompt_text
 from tinyrl.rewards.math import extract_answer
 
@@ -41,7 +40,6 @@ def think_answer_ok(completion: str, prompt=None) -> bool:
     return len(_TAG.findall(text)) == 4  # no stray or nested tags inside
 
 
-@register("think_answer_format")
 def think_answer_format_reward(prompts: list, completions: list, **kwargs) -> list[float]:
     """1.0 for `<think>reasoning</think><answer>result</answer>`, each tag exactly once.
 
@@ -55,7 +53,6 @@ def think_answer_format_reward(prompts: list, completions: list, **kwargs) -> li
     return [float(think_answer_ok(c, p)) for c, p in zip(completions, prompts)]
 
 
-@register("answer_format")
 def answer_format_reward(prompts: list, completions: list, **kwargs) -> list[float]:
     """1.0 when the completion ends with its one non-empty `<answer>...</answer>`.
 
@@ -72,7 +69,6 @@ def answer_format_reward(prompts: list, completions: list, **kwargs) -> list[flo
     return out
 
 
-@register("one_answer")
 def one_answer_reward(prompts: list, completions: list, **kwargs) -> list[float]:
     """1.0 when the completion gives exactly one final answer (no second or hedged one).
 

@@ -28,9 +28,14 @@ import importlib.util
 import re
 from typing import Any
 
-from tinyrl.rewards.core import register
-from tinyrl.rewards.guards import (answer_blocks, completion_text, distinct_answers, is_hedged, normalize_answer,
-                                   strip_prompt_echo)
+from tinyrl.rewards.guards import (
+    answer_blocks,
+    completion_text,
+    distinct_answers,
+    is_hedged,
+    normalize_answer,
+    strip_prompt_echo,
+)
 from tinyrl.rewards.pool import TIMEOUT, CallError, shared_pool
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -207,7 +212,6 @@ def _gold_column(answer, columns: dict) -> list:
     return gold
 
 
-@register("math_strict")
 def math_strict_reward(prompts: list, completions: list, answer: list | None = None, timeout: float = 5.0,
                        echo_guard: bool = True, **columns) -> list[float | None]:
     """1.0 when the completion's one final answer (boxed, <answer>, ####, "the answer is") equals `answer`.
@@ -220,7 +224,6 @@ def math_strict_reward(prompts: list, completions: list, answer: list | None = N
     return math_scores(prompts, completions, _gold_column(answer, columns), timeout, echo_guard)["strict"]
 
 
-@register("math_lenient")
 def math_lenient_reward(prompts: list, completions: list, answer: list | None = None, timeout: float = 5.0,
                         echo_guard: bool = True, **columns) -> list[float | None]:
     """Like `math_strict`, but a completion with no marked answer is read by its last number.

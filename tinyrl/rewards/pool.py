@@ -108,9 +108,9 @@ class TimeoutPool:
                 i, deadline = w.task
                 if w.conn in ready:
                     try:
-                        j, ok, value = w.conn.recv()
+                        _, ok, value = w.conn.recv()
                     except (EOFError, OSError):
-                        j, ok, value = i, False, "the worker process died"
+                        ok, value = False, "the worker process died"
                         self._replace(k, w)
                     else:
                         w.task = None

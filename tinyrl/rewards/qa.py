@@ -29,7 +29,6 @@ import string
 from collections import Counter
 from typing import Any
 
-from tinyrl.rewards.core import register
 from tinyrl.rewards.guards import completion_text
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -122,7 +121,6 @@ def _column(columns: dict, n: int, *names: str) -> list:
     raise KeyError(f"the rows need a {names[0]!r} column (got columns {sorted(columns)})")
 
 
-@register("qa_em")
 def qa_em_reward(prompts: list, completions: list, **columns) -> list[float]:
     """1.0 when the response's last `<answer>` matches a golden answer (Search-R1 EM).
 
@@ -134,7 +132,6 @@ def qa_em_reward(prompts: list, completions: list, **columns) -> list[float]:
     return [float(em_check(extract_answer(c), g)) for c, g in zip(completions, golds)]
 
 
-@register("qa_f1")
 def qa_f1_reward(prompts: list, completions: list, **columns) -> list[float]:
     """SQuAD token F1 of the response's last `<answer>` against the golden answers."""
     golds = _column(columns, len(completions), "golden_answers", "answer")
@@ -189,7 +186,6 @@ def valid_search_r1_sequence(text: str, think: bool = True) -> tuple[bool, str]:
     return (True, "valid") if state == "end" else (False, f"ends in state {state}")
 
 
-@register("search_r1_format")
 def search_r1_format_reward(prompts: list, completions: list, think: bool = True, **columns) -> list[float]:
     """1.0 for a response that follows Search-R1's tag grammar (see `valid_search_r1_sequence`)."""
     return [float(valid_search_r1_sequence(completion_text(c), think)[0]) for c in completions]
@@ -255,7 +251,6 @@ def extract_gaia_answer(completion: Any) -> str | None:
     return found[-1].strip() if found else None
 
 
-@register("gaia")
 def gaia_reward(prompts: list, completions: list, **columns) -> list[float]:
     """GAIA's scorer on the response's answer vs the row's `golden_answers` (its `Final answer`).
 

@@ -29,6 +29,16 @@ def _literal(node: ast.AST):
         return False, None
 
 
+class _Rename(ast.NodeTransformer):
+    """Every name `old` becomes `new`."""
+
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(self.new, node.ctx), node) if node.id == self.old else node
+
+
 def _inline_check(body: list[ast.stmt], entry_point: str | None) -> list[ast.stmt]:
     """HumanEval style: the asserts of `def check(candidate)` become top-level, `candidate` -> entry_point
     (by default the name the tests pass to `check(...)`)."""
@@ -42,13 +52,8 @@ def _inline_check(body: list[ast.stmt], entry_point: str | None) -> list[ast.stm
     out: list[ast.stmt] = []
     for stmt in body:
         if isinstance(stmt, ast.FunctionDef) and stmt.name == "check" and stmt.args.args:
-            param = stmt.args.args[0].arg
-
-            class Rename(ast.NodeTransformer):
-                def visit_Name(self, node):
-                    return ast.copy_location(ast.Name(entry_point, node.ctx), node) if node.id == param else node
-
-            out += [ast.fix_missing_locations(Rename().visit(s)) for s in stmt.body]
+            rename = _Rename(stmt.args.args[0].arg, entry_point)
+            out += [ast.fix_missing_locations(rename.visit(s)) for s in stmt.body]
         elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
               and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check"):
             continue  # the `check(f)` call: its body is inlined above

@@ -18,8 +18,6 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from tinyrl.rewards.core import register
-
 
 def to_chat(completions: list) -> list:
     """Strings become `[{"role": "assistant", "content": text}]`; chat messages stay as they are."""
@@ -52,7 +50,6 @@ def _trl_fn(name: str, args: tuple) -> Callable:
     return fn(**dict(args)) if name.startswith("get_") else fn  # get_*: a factory that builds the reward
 
 
-@register("trl")
 def trl_reward(prompts: list, completions: list, fn: str = "think_format_reward", args: dict | None = None,
                **columns) -> list:
     """TRL's reward `trl.rewards.<fn>` (a `get_*` factory is called with `args` first), on chat-form completions."""

@@ -32,6 +32,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from tinyrl.agents.demonstrations import Call, step_text
+from tinyrl.agents.environments import build_agent
+from tinyrl.agents.prompts import render_agent_prompt
+from tinyrl.agents.tools import ToolResult
 from tinyrl.rollout.base import Rollouts, SamplingParams, pack_rollouts
 
 
@@ -73,16 +77,12 @@ class AgentEngine:
     def from_config(cls, inner, tokenizer, agent_cfg, task=None) -> "AgentEngine":
         """The run's agent: call format, tools and environments from its `agent:` section; the
         task supplies defaults such as the corpus the `search` tool reads."""
-        from tinyrl.agents import build_agent
-
         setup = build_agent(agent_cfg, task)
         return cls(inner, tokenizer, setup.format, setup.make_env, agent_cfg, toolbox=setup.toolbox)
 
     def render(self, prompt: str, cfg_data) -> str:
         """A user prompt rendered for this agent: chat template with the format's system prompt
         (and, for templates that render tools, the tool schemas); `tinyrl.data.render_prompt` otherwise."""
-        from tinyrl.agents.prompts import render_agent_prompt
-
         return render_agent_prompt(self.tokenizer, prompt, self.fmt, self.toolbox, cfg_data)
 
     # ------------------------------------------------------------------ RolloutEngine
@@ -130,8 +130,6 @@ class AgentEngine:
         (completion ids, observation mask: 1 on observation tokens), or None when it does not fit in
         `budget` tokens (a rollout could never produce it). Each step is tokenised alone, as a sampled
         turn would stand; the tool really runs; the answer step ends with EOS."""
-        from tinyrl.agents.demonstrations import Call, step_text
-
         t = self._start(prompt_ids, row)
         eos = self.tokenizer.eos_token_id
         for step in steps:
@@ -179,8 +177,6 @@ class AgentEngine:
     def _call_tools(self, t: Trajectory, text: str):
         calls = self.fmt.parse(text)
         if not calls:
-            from tinyrl.agents import ToolResult  # the toolkit the formats and environments come from
-
             return [], [ToolResult("could not read a tool call in that turn", "parse_error")]
         return calls, t.env.step(calls)
 

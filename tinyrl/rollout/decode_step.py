@@ -26,7 +26,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from tinyrl.model import full_attention_only
+from tinyrl.model.forward import full_attention_only
 
 LAYERS = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer", "MistralDecoderLayer")
 _NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")

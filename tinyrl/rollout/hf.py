@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from tinyrl.model import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prompt_cache, trunk_of
+from tinyrl.model.forward import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prompt_cache, trunk_of
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
 from tinyrl.rollout.decode_step import DecodeStep
 

@@ -1,49 +1,31 @@
-"""Built-in verifiable tasks: each makes its own train / held-out prompts and verifies answers.
+"""Built-in verifiable tasks, by name (`data.task`): each makes its own train / held-out prompts and
+verifies answers (the `Task` type: tinyrl/tasks/base.py).
 
-A task is data plus a verifier. `build` returns rows (dicts with at least a "prompt" column
-and whatever the verifier needs, e.g. "answer"); `reward` has TRL's reward signature
-`f(prompts, completions, **columns) -> list[float | None]`; `is_correct` scores one
-completion for held-out accuracy (pass@1).
+The registry names every built-in task's module; a task's module (and what it needs: the agents'
+search world, reasoning-gym) loads when a run uses it. `register_task` adds a task of your own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from tinyrl.registry import Registry
+from tinyrl.tasks.base import Task
 
-
-@dataclass
-class Task:
-    name: str
-    description: str
-    build: Callable[..., tuple[list[dict], list[dict]]]  # (num_train, num_eval, seed, **args) -> (train, eval)
-    is_correct: Callable[[str, dict], bool]  # (completion, row) -> correct?
-    stop: list[str] = field(default_factory=list)  # stop strings the task's answers end with
-    scores: Callable[[str, dict], dict[str, float]] | None = None  # extra per-sample scores for evaluation (em, f1)
-    demonstrate: Callable[[dict], list | None] | None = None  # row -> expert agent steps (tinyrl.agents.demonstrations)
-
-    def reward(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float | None]:
-        """1.0 for a correct completion, 0.0 otherwise (TRL reward signature)."""
-        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(completions))]
-        return [float(self.is_correct(c, row)) for c, row in zip(completions, rows)]
-
-
-TASKS: dict[str, Task] = {}
+TASKS = Registry("data.task", {
+    "arithmetic": "tinyrl.tasks.arithmetic:TASK",
+    "gsm8k": "tinyrl.tasks.gsm8k:TASK",
+    "reasoning_gym": "tinyrl.tasks.reasoning_gym_task:TASK",
+    "search_qa": "tinyrl.tasks.search_qa:TASK",
+    "gaia": "tinyrl.tasks.search_qa:GAIA_TASK",
+})
 
 
 def register_task(task: Task) -> Task:
-    TASKS[task.name] = task
-    return task
+    """Make `task` available as `data.task: <task.name>`."""
+    return TASKS.register(task.name, task)
 
 
 def get_task(name: str) -> Task:
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}")
     return TASKS[name]
 
 
-# Built-in tasks register themselves on import.
-from tinyrl.tasks import arithmetic  # noqa: E402,F401
-from tinyrl.tasks import reasoning_gym_task  # noqa
-from tinyrl.tasks import gsm8k  # noqa
-from tinyrl.tasks import search_qa  # noqa
+__all__ = ["TASKS", "Task", "get_task", "register_task"]

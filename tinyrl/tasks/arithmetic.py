@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import zlib
 
-from tinyrl.tasks import Task, register_task
+from tinyrl.tasks.base import Task
 
 END = "\n"  # the one optional end marker a completion may keep (a stop string)
 HELD_OUT_PERCENT = 10  # share of all problems in the held-out pool
@@ -104,10 +104,10 @@ def is_correct(completion: str, row: dict) -> bool:
     return text == str(row["answer"])
 
 
-register_task(Task(
+TASK = Task(
     name="arithmetic",
     description="add two numbers (`digits` digits each, default 2): prompt '37+48=', answer '85'",
     build=build,
     is_correct=is_correct,
     stop=[END],
-))
+)

@@ -23,7 +23,8 @@ import random
 import zlib
 from pathlib import Path
 
-from tinyrl.tasks import Task, register_task
+from tinyrl.rewards.math import gold_answer, math_scores
+from tinyrl.tasks.base import Task
 
 PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HELD_OUT_PERCENT = 5  # share of a lone training file held out when there is no test file
@@ -94,8 +95,6 @@ def is_held_out(question: str) -> bool:
 
 
 def make_row(raw: dict, prompt: str = PROMPT) -> dict:
-    from tinyrl.rewards.math import gold_answer
-
     return {"prompt": prompt.format(question=raw["question"].strip()), "question": raw["question"],
             "answer": str(raw["answer"]), "gold": gold_answer(raw["answer"])}
 
@@ -125,16 +124,14 @@ def is_correct(completion: str, row: dict) -> bool:
     >>> is_correct("The answer is 17.", row), is_correct("I think 18", row)  # strict: no marked answer
     (False, False)
     """
-    from tinyrl.rewards.math import math_scores
-
     score = math_scores([row.get("question")], [completion], [row["answer"]])["strict"][0]
     return bool(score)
 
 
-register_task(Task(
+TASK = Task(
     name="gsm8k",
     description="GSM8K-format math word problems from local jsonl/parquet (data.task_args.path); "
                 "answer by value from \\boxed{}, ####, <answer> or 'the answer is'",
     build=build,
     is_correct=is_correct,
-))
+)

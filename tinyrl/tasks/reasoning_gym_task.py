@@ -29,7 +29,7 @@ import json
 
 from tinyrl.rewards.guards import answer_blocks
 from tinyrl.rewards.math import extract_answer as final_answer
-from tinyrl.tasks import Task, register_task
+from tinyrl.tasks.base import Task
 
 PROMPT = "{question}\n\nGive your final answer inside <answer></answer> tags."
 EVAL_SEED_OFFSET = 1_000_003  # held-out rows come from seed + this
@@ -129,11 +129,11 @@ def score_reward(prompts: list, completions: list, **columns) -> list[float]:
     return [score(c if isinstance(c, str) else c[0]["content"], r) for c, r in zip(completions, rows)]
 
 
-register_task(Task(
+TASK = Task(
     name="reasoning_gym",
     description="a reasoning-gym dataset (`dataset`, default basic_arithmetic, plus its settings), "
                 "answer in <answer></answer> (extract: flexible also reads an untagged final answer), "
                 "graded by the dataset's own score_answer",
     build=build,
     is_correct=is_correct,
-))
+)

@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from importlib import resources
 
 from tinyrl.agents.data import load_gaia, load_qa_rows
+from tinyrl.agents.demonstrations import Answer, Call
 from tinyrl.agents.prompts import question_prompt
-from tinyrl.tasks import Task, register_task
+from tinyrl.agents.world import QUESTIONS, answer, read_world
+from tinyrl.rewards.qa import em_check, extract_answer, extract_gaia_answer, f1_score, gaia_question_scorer
+from tinyrl.tasks.base import Task
 
 
 def world_dir():
@@ -70,23 +73,17 @@ def is_correct(completion: str, row: dict) -> bool:
     ...            {"golden_answers": ["Kelmora"]})
     True
     """
-    from tinyrl.rewards.qa import em_check, extract_answer  # tinyrl.rewards loads torch: not at import
-
     return em_check(extract_answer(completion), row["golden_answers"])
 
 
 def qa_scores(completion: str, row: dict) -> dict[str, float]:
     """Search-R1's EM and token F1 of the last `<answer>` (the evaluation report's extra columns)."""
-    from tinyrl.rewards.qa import em_check, extract_answer, f1_score
-
     answer = extract_answer(completion)
     return {"em": float(em_check(answer, row["golden_answers"])), "f1": f1_score(answer, row["golden_answers"])}
 
 
 @functools.cache
 def _world_people() -> dict:
-    from tinyrl.agents.world import read_world
-
     return read_world(world_dir()).by_name()
 
 
@@ -98,9 +95,6 @@ def demonstrate(row: dict) -> list | None:
     >>> [type(s).__name__ for s in demonstrate({"question": "q", "golden_answers": ["x"]}) or []]
     []
     """
-    from tinyrl.agents.demonstrations import Answer, Call
-    from tinyrl.agents.world import QUESTIONS, answer
-
     meta = row.get("metadata") or {}
     people = _world_people()
     person = people.get(meta.get("entity"))
@@ -112,7 +106,7 @@ def demonstrate(row: dict) -> list | None:
     return steps + [Answer(row["golden_answers"][0])]
 
 
-register_task(SearchTask(
+TASK = SearchTask(
     name="search_qa",
     description="multi-hop questions answered by searching a corpus (default: the shipped offline world); EM",
     build=build,
@@ -120,7 +114,7 @@ register_task(SearchTask(
     scores=qa_scores,
     demonstrate=demonstrate,
     corpus=str(world_dir() / "corpus.jsonl"),
-))
+)
 
 
 def build_gaia(num_train: int, num_eval: int, seed: int = 0, path: str | None = None,
@@ -134,15 +128,13 @@ def build_gaia(num_train: int, num_eval: int, seed: int = 0, path: str | None = 
 
 
 def is_correct_gaia(completion: str, row: dict) -> bool:
-    from tinyrl.rewards.qa import extract_gaia_answer, gaia_question_scorer
-
     golds = row.get("golden_answers") or []
     return bool(golds) and gaia_question_scorer(extract_gaia_answer(completion), golds[0])
 
 
-register_task(Task(
+GAIA_TASK = Task(
     name="gaia",
     description="GAIA metadata.jsonl (task_args.path) scored with GAIA's official question scorer; eval only",
     build=build_gaia,
     is_correct=is_correct_gaia,
-))
+)

@@ -51,13 +51,31 @@ import json
 import logging
 import math
 import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tinyrl.runs import RunDir, atomic_write_text, read_jsonl
+import torch
+
+from tinyrl.data import PromptSource
+from tinyrl.methods.common import (
+    HeldOut,
+    Summary,
+    error_text,
+    read_summary,
+    reward_set,
+    sampling_params,
+    task_rows,
+    write_summary,
+)
+from tinyrl.methods.sft_data import cap_per_prompt
+from tinyrl.methods.sft_trl import FitResult, fit, on_device, require_trl, save_adapter
+from tinyrl.model import load_policy, load_tokenizer, resolve_model
+from tinyrl.rewards.core import score_rollouts
+from tinyrl.rollout.engines import make_engine, prompt_renderer
+from tinyrl.runs import Run, RunDir, atomic_write_text, read_jsonl
+from tinyrl.stop import StopSignals
 
 log = logging.getLogger("tinyrl.selfimprove")
 
@@ -101,38 +119,27 @@ class SelfImprove:
     """ReST-EM (`rationalize=False`) or STaR (`rationalize=True`) in one run folder."""
 
     def __init__(self, cfg, run: RunDir, rationalize: bool):
-        from tinyrl.data import load_rows, render_prompt
-        from tinyrl.model import load_tokenizer, resolve_model
-        from tinyrl.planner import checkpointing
-        from tinyrl.rewards.core import RewardSet
-        from tinyrl.rollout.base import SamplingParams
-
-        cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: decided once, for every round
         self.cfg, self.run, self.rationalize = cfg, run, rationalize
         self.method = "star" if rationalize else "rest_em"
         self.tokenizer = load_tokenizer(resolve_model(cfg.model.name, cfg.model.gguf_file))
-        self.train_rows, _, self.task = load_rows(cfg.data)
-        self.render = lambda text: render_prompt(self.tokenizer, text, cfg.data)  # noqa: E731
-        for r in self.train_rows:
-            r["rendered"] = self.render(r["prompt"])
-        self.rewards = RewardSet(cfg.reward.functions, self.task, cfg.reward.combine)
-        stop = list(cfg.rollout.stop) or (self.task.stop if self.task else [])
-        ro = cfg.rollout
-        self.sampling = SamplingParams(ro.temperature, ro.top_p, ro.max_new_tokens, stop)
+        self.train_rows, _, self.task = task_rows(cfg, self.tokenizer)  # rendered as the run's engine sees them
+        self.render = prompt_renderer(cfg, self.tokenizer, self.task)  # hinted prompts too
+        self.rewards = reward_set(cfg, self.task)
+        self.sampling = sampling_params(cfg, self.task)
         self.hint = HINTS.get(cfg.data.task) if rationalize else None
         if rationalize and self.hint is None:
             log.warning("star: task %r has no hint hook (selfimprove.HINTS): no rationalisation, STaR runs as "
                         "ReST-EM", cfg.data.task)
         self._policy: tuple[str, object] | None = None  # (adapter key, model) loaded last
-        self._held_out = None
+        self._held_out: HeldOut | None = None
 
     def folder(self, k: int) -> Path:
         return self.run.path / "iterations" / f"{k:03d}"
 
     # ------------------------------------------------------------------ driver
 
-    def train(self) -> dict:
-        """Run or continue all iterations; returns summary.json's content."""
+    def train(self) -> Summary:
+        """Run or continue all iterations; returns what summary.json holds."""
         base = self.folder(0) / "stats.json"
         if not base.exists():
             base.parent.mkdir(parents=True, exist_ok=True)
@@ -174,16 +181,12 @@ class SelfImprove:
 
     def sample(self, k: int, adapter: str | None) -> list[dict]:
         """The E-step: N samples per prompt from the latest iterate; STaR adds hinted samples for failures."""
-        from tinyrl.data import PromptSource
-        from tinyrl.rollout import make_engine
-        from tinyrl.sft import cap_per_prompt
-
         si = self.cfg.selfimprove
         prompts = PromptSource(self.train_rows, self.cfg.data.seed)
         prompts.position = (k - 1) * si.prompts_per_iter  # iteration k's prompts, whatever ran before
         rows = prompts.next_batch(si.prompts_per_iter)
         engine = make_engine(self.cfg.rollout.engine, self.policy(adapter), self.tokenizer, self.cfg,
-                             seed=self.cfg.train.seed * 10_007 + k)
+                             seed=self.cfg.train.seed * 10_007 + k, task=self.task)
         try:
             records = self._generate(engine, rows, [r["rendered"] for r in rows], si.samples_per_prompt, k, None)
             if self.hint is not None and si.hint_samples > 0:
@@ -202,8 +205,6 @@ class SelfImprove:
     def _generate(self, engine, rows, inputs, n, k, hints) -> list[dict]:
         """Sample n completions of each input text (chunks of train.prompts_per_step prompts) and score
         them against `rows` (the original prompts: a hinted input is scored as its original)."""
-        from tinyrl.rewards.core import score_rollouts
-
         out, step = [], self.cfg.train.prompts_per_step
         for i in range(0, len(rows), step):
             chunk, texts = rows[i: i + step], inputs[i: i + step]
@@ -223,37 +224,25 @@ class SelfImprove:
 
     def m_step(self, folder: Path, kept: list[dict]):
         """Fine-tune the base on the kept rows (prompt = the original, rendered; never the hint)."""
-        import torch
-
-        from tinyrl import sft
-        from tinyrl.model import load_policy
-
         self._policy = None  # free the sampling model before loading a fresh base
         torch.manual_seed(self.cfg.train.seed)  # the same LoRA init every iteration: the base
         model, tok = load_policy(self.cfg.model, self.cfg.lora, adapter=self.cfg.model.adapter)
-        model = sft.on_device(model)
+        model = on_device(model)
         rows = [{"rendered": r["rendered"], "completion": r["completion"]} for r in kept]
         if not rows:
             log.warning("%s: no completion was kept in %s; this iterate is the base", self.method, folder.parent.name)
             folder.mkdir(parents=True, exist_ok=True)
-            sft.save_adapter(model, folder / "adapter")
-            return sft.FitResult(folder / "adapter", 0, None, False)
-        return sft.fit(self.cfg, model, tok, rows, folder)
+            save_adapter(model, folder / "adapter")
+            return FitResult(folder / "adapter", 0, None, False)
+        return fit(self.cfg, model, tok, rows, folder)
 
     def evaluate(self, adapter: str | None) -> float | None:
-        from tinyrl.sft import HeldOut
-
         if self._held_out is None:
             self._held_out = HeldOut(self.cfg, self.tokenizer)
-        return self._held_out(self.policy(adapter), self.tokenizer)
+        return self._held_out(self.policy(adapter))
 
     def policy(self, adapter: str | None):
         """The base (+ model.adapter) or an iterate's adapter on it; the last one is kept loaded."""
-        import torch
-
-        from tinyrl.model import load_policy
-        from tinyrl.sft import on_device
-
         key = adapter or "base"
         if self._policy is None or self._policy[0] != key:
             self._policy = None
@@ -295,7 +284,7 @@ class SelfImprove:
                        rationalized=sum(r["kept"] for r in hinted))
         return out
 
-    def write_logs(self, interrupted: bool) -> dict:
+    def write_logs(self, interrupted: bool) -> Summary:
         """metrics.jsonl, samples.jsonl and summary.json, rebuilt from the iteration folders."""
         rows, samples = [], []
         k_max = self.cfg.selfimprove.iterations
@@ -311,12 +300,11 @@ class SelfImprove:
         atomic_write_text(self.run.path / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         atomic_write_text(self.run.path / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in samples))
         done = len(rows) - 1  # -1: stopped before the base was evaluated
-        summary = {"method": self.method, "eval_before": rows[0].get("eval_acc") if rows else None,
-                   "eval_after": rows[-1].get("eval_acc") if done == k_max and not interrupted else None,
-                   "iterations": max(done, 0), "steps": max(done, 0),
-                   "samples_used": rows[-1]["samples_used"] if rows else 0,
-                   "interrupted": interrupted, "error": None}
-        atomic_write_text(self.run.path / "summary.json", json.dumps(summary, indent=2))
+        summary = Summary(self.method, max(done, 0), rows[0].get("eval_acc") if rows else None,
+                          rows[-1].get("eval_acc") if done == k_max and not interrupted else None, interrupted,
+                          reward_failures=dict(self.rewards.total_failures),
+                          details={"iterations": max(done, 0), "samples_used": rows[-1]["samples_used"] if rows else 0})
+        write_summary(self.run, summary)
         return summary
 
     def finish(self) -> Path:
@@ -327,46 +315,28 @@ class SelfImprove:
         return final
 
 
-class _SigtermAsInterrupt:
-    """SIGTERM raises KeyboardInterrupt (a clean stop, resumable) while the loop runs."""
-
-    def __enter__(self):
-        import threading
-
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
-        return self
-
-    def _raise(self, signum, frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-def run_stage(cfg, run: RunDir, rationalize: bool):
-    """The rest_em / star stage in `run` (continuing it); returns a trainer.Run."""
-    from tinyrl.report import write_report
-    from tinyrl.sft import _require_trl
-    from tinyrl.trainer import Run
-
-    _require_trl()
-    loop = SelfImprove(cfg, run, rationalize)
+def run(cfg, run_dir: RunDir, rationalize: bool) -> Run:
+    """The rest_em / star method in `run_dir` (continuing it). A signal stops it at once, resumably: every
+    phase it finished is on disk, and the phase it was in starts again."""
+    require_trl()
+    loop = SelfImprove(cfg, run_dir, rationalize)
     try:
-        with _SigtermAsInterrupt():
+        with StopSignals():
             summary = loop.train()
     except KeyboardInterrupt:
         summary = loop.write_logs(interrupted=True)
-        log.warning("%s interrupted; continue with `tinyrl train --resume %s`", loop.method, run.path)
+        log.warning("%s interrupted; continue with `tinyrl train --resume %s`", loop.method, run_dir.path)
     except BaseException as e:
-        path = run.path / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else {}
-        summary["error"] = f"{type(e).__name__}: {e}"
-        atomic_write_text(path, json.dumps(summary, indent=2))
+        write_summary(run_dir, Summary(**{**read_summary(run_dir), "method": loop.method, "error": error_text(e)}))
         raise
-    write_report(run.path)
-    adapter = run.path / "adapter" if not summary["interrupted"] else None
-    return Run(run.path, run.metrics(), summary["eval_before"], summary["eval_after"], adapter,
-               interrupted=summary["interrupted"])
+    adapter = run_dir.path / "adapter" if not summary.interrupted else None
+    return Run(run_dir.path, run_dir.metrics(), summary.eval_before, summary.eval_after, adapter,
+               interrupted=summary.interrupted)
+
+
+def run_rest_em(cfg, run_dir: RunDir, resume: bool = False) -> Run:
+    return run(cfg, run_dir, rationalize=False)
+
+
+def run_star(cfg, run_dir: RunDir, resume: bool = False) -> Run:
+    return run(cfg, run_dir, rationalize=True)

@@ -1,16 +1,14 @@
-"""The run config's `agent:` section: multi-turn tool rollouts (off unless `enabled`)."""
+"""The run config's `agent:` section: multi-turn tool rollouts (off unless `enabled`).
+
+The format and tool names are checked against their registries by
+`tinyrl.config.resolve.check_names` (this module imports no agent code)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from tinyrl.errors import ConfigError
-
-
-def _check(ok: bool, path: str, msg: str) -> None:
-    if not ok:
-        raise ConfigError(f"{path}: {msg}")
+from tinyrl.config.coerce import check
 
 
 @dataclass
@@ -30,20 +28,13 @@ class AgentConfig:
     index: Optional[str] = None  # dense: a prebuilt faiss index of the corpus; bm25: a saved bm25s index dir
 
     def validate(self, p: str) -> None:
-        from tinyrl.agents.formats import FORMATS
-        from tinyrl.agents.tools import TOOLS
-
-        _check(self.format in FORMATS, f"{p}.format", f"must be one of {sorted(FORMATS)}, got {self.format!r}")
-        for i, t in enumerate(self.tools):
-            _check(t in TOOLS or (":" in t and all(t.split(":", 1))), f"{p}.tools[{i}]",
-                   f"must be one of {sorted(TOOLS)} or 'module:function', got {t!r}")
-        _check(len(set(self.tools)) == len(self.tools), f"{p}.tools", f"names a tool twice: {self.tools}")
+        check(len(set(self.tools)) == len(self.tools), f"{p}.tools", f"names a tool twice: {self.tools}")
         env = self.environment
-        _check(env is None or (":" in env and all(env.split(":", 1))), f"{p}.environment",
+        check(env is None or (":" in env and all(env.split(":", 1))), f"{p}.environment",
                f"must be 'package.module:Class' or null, got {env!r}")
-        _check(self.max_turns >= 1, f"{p}.max_turns", f"must be >= 1, got {self.max_turns}")
-        _check(self.max_obs_tokens >= 1, f"{p}.max_obs_tokens", f"must be >= 1, got {self.max_obs_tokens}")
-        _check(self.tool_timeout > 0, f"{p}.tool_timeout", f"must be > 0, got {self.tool_timeout}")
-        _check(self.top_k >= 1, f"{p}.top_k", f"must be >= 1, got {self.top_k}")
-        _check(self.retriever != "dense" or self.retriever_model is not None, f"{p}.retriever_model",
+        check(self.max_turns >= 1, f"{p}.max_turns", f"must be >= 1, got {self.max_turns}")
+        check(self.max_obs_tokens >= 1, f"{p}.max_obs_tokens", f"must be >= 1, got {self.max_obs_tokens}")
+        check(self.tool_timeout > 0, f"{p}.tool_timeout", f"must be > 0, got {self.tool_timeout}")
+        check(self.top_k >= 1, f"{p}.top_k", f"must be >= 1, got {self.top_k}")
+        check(self.retriever != "dense" or self.retriever_model is not None, f"{p}.retriever_model",
                "is required when agent.retriever is 'dense' (a sentence-transformers model, e.g. intfloat/e5-base-v2)")

@@ -1,0 +1,262 @@
+"""The run config's sections: one dataclass each, with the checks a field can make on its own.
+
+A run is one `RunConfig`. Each section's `validate(path)` checks its own values (ranges, paths,
+combinations) and names the field it rejects; names that point into a registry (a task, an
+advantage estimator, a method) are checked once the whole config is built, by
+`tinyrl.config.resolve.check_names`, so this module imports no task, algorithm or method code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional, Union
+
+from tinyrl.config.coerce import check
+from tinyrl.config.schema_agent import AgentConfig
+from tinyrl.config.schema_methods import SelfImproveConfig, SFTConfig
+from tinyrl.config.schema_monitor import MonitorConfig
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-arith"  # a built-in model name, a local path, or a hub id
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    load_in_4bit: bool = False  # QLoRA: nf4 base weights through bitsandbytes
+    backend: Literal["transformers", "unsloth"] = "transformers"
+    gguf_file: Optional[str] = None  # load this GGUF file of `name` (transformers `gguf_file=`)
+    # auto: on only where the run's memory plan says the update does not fit without it (the rule:
+    # tinyrl/planner/checkpointing.py); true / false as given
+    gradient_checkpointing: Union[bool, Literal["auto"]] = "auto"
+    # start from this trained peft adapter (an adapter folder, or a run folder with adapter/); its own
+    # LoRA shape (r, alpha, target modules) is used, not lora.*; null: a fresh LoRA adapter
+    adapter: Optional[str] = None
+
+    def validate(self, p: str) -> None:
+        check(bool(self.name), f"{p}.name", "must name a model (built-in, local path or hub id)")
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: Union[str, list[str]] = "all-linear"
+
+    def validate(self, p: str) -> None:
+        check(self.r >= 1, f"{p}.r", f"must be >= 1, got {self.r}")
+        check(self.alpha >= 1, f"{p}.alpha", f"must be >= 1, got {self.alpha}")
+        check(0.0 <= self.dropout < 1.0, f"{p}.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf", "vllm", "stale"] = "hf"  # stale: tinyrl/rollout/stale.py, a canary test
+    num_generations: int = 8  # G: completions per prompt (the group)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    gpu_memory_utilization: float = 0.4  # vLLM only
+    max_model_len: int = 1024  # vLLM only
+
+    def validate(self, p: str) -> None:
+        check(self.num_generations >= 2, f"{p}.num_generations", f"must be >= 2 for group-relative advantages, got {self.num_generations}")
+        check(0 < self.temperature < math.inf, f"{p}.temperature", f"must be > 0 and finite, got {self.temperature}")
+        check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
+        check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        check(0 < self.gpu_memory_utilization <= 1, f"{p}.gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class AlgoConfig:
+    """The GRPO family as independent switches; `recipe` fills them in first (see algo/recipes.py)."""
+
+    recipe: Optional[str] = None
+    estimator: str = "grpo"  # a name in tinyrl.algo.advantages.ESTIMATORS
+    scale: Literal["group", "batch", "none"] = "group"  # std used to scale advantages
+    std_eps: float = 1e-4
+    loss_agg: str = "token_mean"  # a name in tinyrl.algo.losses.AGGREGATIONS
+    ratio_level: Literal["token", "sequence"] = "token"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: Optional[float] = None  # c > 1: bound the loss of negative-advantage tokens at c * |A|
+    beta: float = 0.0  # KL-to-reference weight; 0 skips the reference pass entirely
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_in_reward: bool = False  # the KL goes into the token rewards (REINFORCE++), not into the loss
+    num_iterations: int = 1  # optimiser passes over one rollout batch
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, resample
+    max_sampling_rounds: int = 3  # cap on extra generation rounds for dynamic sampling
+    overlong_buffer: int = 0  # DAPO soft overlong punishment window (tokens); 0 = off
+    overlong_penalty: float = 1.0
+    mask_truncated: bool = False  # exclude completions that hit max_new_tokens from the loss
+    tis: Literal["none", "token", "sequence"] = "none"  # truncated IS correction rollout -> trainer
+    tis_mode: Literal["truncate", "mask"] = "truncate"
+    tis_cap: float = 3.0
+    top_entropy_quantile: Optional[float] = None  # train only on the top-q highest-entropy tokens
+    llds_lambda: float = 0.0  # lazy-likelihood-displacement stabiliser weight (0.2 when on)
+    loss_impl: Literal["auto", "torch", "triton"] = "auto"  # fused linear loss backend
+    chunk_size: int = 1024  # tokens per chunk in the fused linear loss
+
+    def validate(self, p: str) -> None:
+        check(0 < self.std_eps < math.inf, f"{p}.std_eps",
+               f"must be > 0 and finite (it keeps the advantage's std away from 0; <= 0 can flip or blow up "
+               f"advantages), got {self.std_eps}")
+        check(math.isfinite(self.overlong_penalty) and self.overlong_penalty >= 0, f"{p}.overlong_penalty",
+               f"must be >= 0 and finite, got {self.overlong_penalty}")
+        check(self.epsilon_low >= 0, f"{p}.epsilon_low", f"must be >= 0, got {self.epsilon_low}")
+        check(self.epsilon_high >= 0, f"{p}.epsilon_high", f"must be >= 0, got {self.epsilon_high}")
+        check(self.dual_clip is None or self.dual_clip > 1, f"{p}.dual_clip", f"must be > 1 or null, got {self.dual_clip}")
+        check(self.beta >= 0, f"{p}.beta", f"must be >= 0, got {self.beta}")
+        check(self.num_iterations >= 1, f"{p}.num_iterations", f"must be >= 1, got {self.num_iterations}")
+        check(self.max_sampling_rounds >= 0, f"{p}.max_sampling_rounds", f"must be >= 0, got {self.max_sampling_rounds}")
+        check(self.overlong_buffer >= 0, f"{p}.overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
+        check(self.tis_cap > 0, f"{p}.tis_cap", f"must be > 0, got {self.tis_cap}")
+        q = self.top_entropy_quantile
+        check(q is None or 0 < q <= 1, f"{p}.top_entropy_quantile", f"must be in (0, 1] or null, got {q}")
+        check(self.llds_lambda >= 0, f"{p}.llds_lambda", f"must be >= 0, got {self.llds_lambda}")
+        check(self.chunk_size >= 1, f"{p}.chunk_size", f"must be >= 1, got {self.chunk_size}")
+
+
+@dataclass
+class DataConfig:
+    task: str = "arithmetic"  # a built-in task name (tinyrl.tasks.TASKS) or "jsonl"
+    path: Optional[str] = None  # for task: jsonl, a local .jsonl file with a prompt column
+    prompt_column: str = "prompt"
+    num_train: int = 2000
+    num_eval: int = 200
+    seed: int = 0
+    chat_template: Literal["auto", "always", "never"] = "auto"
+    system_prompt: Optional[str] = None
+    task_args: dict = field(default_factory=dict)  # passed to the task's builder
+
+    def validate(self, p: str) -> None:
+        if self.task == "jsonl":
+            check(self.path is not None, f"{p}.path", "is required when data.task is 'jsonl'")
+            check(Path(self.path).is_file(), f"{p}.path", f"file not found: {self.path}")
+        check(self.num_train >= 1, f"{p}.num_train", f"must be >= 1, got {self.num_train}")
+        check(self.num_eval >= 0, f"{p}.num_eval", f"must be >= 0, got {self.num_eval}")
+
+
+@dataclass
+class RewardSpec:
+    SHORTHAND = "name"  # `- task` in a preset is `- {name: task}`
+
+    name: str  # a registry name (tinyrl.rewards.REWARDS) or "package.module:function"
+    weight: float = 1.0
+    kwargs: dict = field(default_factory=dict)  # bound to the function before the call
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("task")])
+    combine: Literal["sum", "normalize_then_sum", "sum_then_normalize"] = "sum"
+    # Seconds one call of one reward function may take (a call scores a whole batch); past it, the
+    # call's samples score None (excluded) and the call is counted. null: no limit (the reward then
+    # runs on the main thread, for rewards that need it, e.g. ones that install signal handlers).
+    timeout: Optional[float] = 300.0
+
+    def validate(self, p: str) -> None:
+        check(len(self.functions) >= 1, f"{p}.functions", "needs at least one reward function")
+        for i, spec in enumerate(self.functions):
+            check(math.isfinite(spec.weight), f"{p}.functions[{i}].weight", f"must be a finite number, got {spec.weight}")
+        t = self.timeout
+        check(t is None or 0 < t < math.inf, f"{p}.timeout", f"must be > 0 seconds (or null: no timeout), got {t}")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 40
+    prompts_per_step: int = 8  # B: prompts per rollout batch (B*G completions)
+    micro_batch_size: int = 16  # completions per forward/backward
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    seed: int = 0
+    save_every: int = 0  # checkpoint every N steps; 0 = only at the end
+    keep_last: int = 2
+    eval_before_after: bool = True  # held-out accuracy before and after training
+
+    def validate(self, p: str) -> None:
+        check(self.steps >= 0, f"{p}.steps", f"must be >= 0, got {self.steps}")
+        check(self.prompts_per_step >= 1, f"{p}.prompts_per_step", f"must be >= 1, got {self.prompts_per_step}")
+        check(self.micro_batch_size >= 1, f"{p}.micro_batch_size", f"must be >= 1, got {self.micro_batch_size}")
+        check(0 < self.lr < math.inf, f"{p}.lr", f"must be > 0 and finite, got {self.lr}")
+        check(0 <= self.weight_decay < math.inf, f"{p}.weight_decay", f"must be >= 0 and finite, got {self.weight_decay}")
+        check(self.max_grad_norm > 0, f"{p}.max_grad_norm", f"must be > 0, got {self.max_grad_norm}")
+        check(self.warmup_steps >= 0, f"{p}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        check(self.save_every >= 0, f"{p}.save_every", f"must be >= 0, got {self.save_every}")
+        check(self.keep_last >= 1, f"{p}.keep_last", f"must be >= 1, got {self.keep_last}")
+
+
+@dataclass
+class LogConfig:
+    run_dir: str = "runs"
+    name: Optional[str] = None  # run folder name; default: preset name + timestamp
+    samples_per_step: int = 4  # completions written to samples.jsonl each step
+    progress: bool = True
+    track_likelihood: bool = True  # re-score the batch after the update: policy KL, update clip frac, LLD
+
+    def validate(self, p: str) -> None:
+        check(self.samples_per_step >= 0, f"{p}.samples_per_step", f"must be >= 0, got {self.samples_per_step}")
+        name = self.name
+        if name is not None:
+            parts = Path(name).parts
+            check(bool(name.strip()) and not Path(name).is_absolute() and ".." not in parts and "." not in parts
+                   and "\\" not in name, f"{p}.name",
+                   f"must be a folder name inside log.run_dir (no '..', no absolute path), got {name!r}")
+
+
+@dataclass
+class DistConfig:
+    """Scale-out (tinyrl.distributed). `nproc` > 1 makes `tinyrl train` re-launch itself through
+    `accelerate launch` with the packaged `accelerate_config`; under a launcher the world size is the
+    launcher's. train.prompts_per_step is the global batch: it must divide by the process count."""
+
+    nproc: int = 1  # processes (one per GPU); 1 = this process only
+    accelerate_config: Literal["ddp", "zero3", "fsdp2"] = "ddp"  # tinyrl/assets/accelerate/<name>.yaml
+    timeout_s: float = 600.0  # the longest any process waits for another (a dead or stalled rank)
+
+    def validate(self, p: str) -> None:
+        check(self.nproc >= 1, f"{p}.nproc", f"must be >= 1, got {self.nproc}")
+        check(0 < self.timeout_s < math.inf, f"{p}.timeout_s", f"must be > 0 and finite, got {self.timeout_s}")
+
+
+@dataclass
+class RunConfig:
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    selfimprove: SelfImproveConfig = field(default_factory=SelfImproveConfig)
+    # methods run in order, each starting from the previous one's adapter (tinyrl/methods/chain.py),
+    # e.g. [sft, grpo]: a cold start then GRPO; empty: GRPO alone
+    stages: list[str] = field(default_factory=list)
+
+    def validate(self, p: str = "") -> None:
+        check(self.train.prompts_per_step % self.dist.nproc == 0, "train.prompts_per_step",
+               f"must divide by dist.nproc = {self.dist.nproc} (every process takes whole groups), "
+               f"got {self.train.prompts_per_step}")
+        completions = self.train.prompts_per_step * self.rollout.num_generations
+        check(
+            completions % self.train.micro_batch_size == 0,
+            "train.micro_batch_size",
+            f"must divide train.prompts_per_step * rollout.num_generations = {completions}, got {self.train.micro_batch_size}",
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+

@@ -1,0 +1,61 @@
+"""Supervised fine-tuning (LoRA / QLoRA) through TRL's `SFTTrainer`: `tinyrl sft` and the `sft` stage.
+
+    tinyrl sft tiny_sft_cpu                      # the task's true answers for its train prompts
+    tinyrl sft tiny_sft_cpu data=rows.jsonl      # prompt/completion rows
+    tinyrl sft tiny_sft_cpu data=runs/some-run sft.min_reward=1.0   # a run folder's correct samples
+    sft: {data: demonstrations}   # an agent task's expert trajectories (tinyrl.agents.demonstrations)
+
+Where rows come from and how they are tokenized: tinyrl/methods/sft_data.py; TRL's side:
+tinyrl/methods/sft_trl.py. The run folder is tinyrl's: config.yaml, metrics.jsonl (a row per
+logging step, `step` = optimiser step), checkpoints/checkpoint-N (TRL's own), adapter/,
+summary.json (the common schema; `details.rows`, `details.train_loss`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tinyrl.errors import ConfigError
+from tinyrl.methods.common import HeldOut, Summary, error_text, read_summary, write_summary
+from tinyrl.methods.sft_data import sft_rows
+from tinyrl.methods.sft_trl import fit, on_device, require_trl
+from tinyrl.model import load_policy
+from tinyrl.runs import Run, RunDir
+
+log = logging.getLogger("tinyrl.sft")
+
+
+def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
+    """SFT in `run_dir`, continuing its newest TRL checkpoint; held-out pass@1 before and after."""
+    require_trl()
+    rows = sft_rows(cfg)
+    if not rows:
+        raise ConfigError(f"sft.data: no rows to train on from {cfg.sft.data or 'the task'}"
+                          + (f" with reward >= {cfg.sft.min_reward}" if cfg.sft.min_reward is not None else ""))
+    before = read_summary(run_dir).get("eval_before")  # a resumed run keeps the figure it measured first
+    torch.manual_seed(cfg.train.seed)  # the LoRA init
+    model, tok = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
+    model = on_device(model)
+    held_out = HeldOut(cfg, tok)
+    if before is None:
+        before = held_out(model)
+        log.info("sft: %d rows; held-out accuracy before: %s", len(rows), before)
+    summary = Summary("sft", eval_before=before, details={"rows": len(rows)})
+    write_summary(run_dir, summary)
+    res = None
+    try:
+        res = fit(cfg, model, tok, rows, run_dir.path)
+        summary.steps, summary.interrupted = res.steps, res.interrupted
+        summary.details["train_loss"] = res.train_loss
+        if not res.interrupted:
+            summary.eval_after = held_out(model)
+            log.info("sft: held-out accuracy after: %s", summary.eval_after)
+    except BaseException as e:
+        summary.error = error_text(e)
+        raise
+    finally:
+        write_summary(run_dir, summary)
+    return Run(run_dir.path, run_dir.metrics(), summary.eval_before, summary.eval_after,
+               None if res.interrupted else res.adapter, interrupted=res.interrupted)
