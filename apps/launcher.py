@@ -132,12 +132,10 @@ class Launcher:
 
     def adapter_dir(self, name: str) -> Path:
         """The run's final adapter, else the adapter of its latest checkpoint."""
-        run = self.run_path(name)
-        candidates = [run / "adapter"] + [c / "adapter" for c in reversed(runs_view.checkpoints(run))]
-        for c in candidates:
-            if (c / "adapter_config.json").is_file() and inside(c, run):
-                return c
-        raise LaunchError(f"run {name!r} has no adapter yet (neither adapter/ nor a checkpoint)")
+        found = runs_view.adapter_dir(self.run_path(name))
+        if found is None:
+            raise LaunchError(f"run {name!r} has no adapter yet (neither adapter/ nor a checkpoint)")
+        return found
 
     def evaluate(self, name: str) -> str:
         """`tinyrl eval <run>/config.yaml --adapter <adapter>`: held-out accuracy of the trained adapter."""

@@ -5,15 +5,13 @@ alarms.jsonl, summary.json, checkpoints/step-*/, adapter/, and the trainer's `.l
 `train.log` + `train.pid` (and `eval.log` + `eval.pid`) beside them. Until the trainer has made
 the folder, a run the UI started lives in the runs directory's `.ui/` as `<name>.train.log` and
 `<name>.train.pid`; the launcher moves both into the folder once training is under way.
-
-Metric rows may lack any key or carry null (a quantity that was not measured): such points are
-left out, never drawn as 0.
+The curves are drawn from `metrics()` and `alarms()` by charts.py; status.py decides the words.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,22 +19,13 @@ from pathlib import Path
 import yaml
 
 from tinyrl.apps import procs
+from tinyrl.apps import status as st
+from tinyrl.apps.paths import inside
 from tinyrl.runs import CKPT_PREFIX, read_jsonl
 
 UI_DIR = ".ui"  # inside the runs directory: logs and pid files of runs whose folder does not exist yet
 STATUSES = ("starting", "running", "finished", "failed", "interrupted")
 
-# Curve panels: title -> metric keys drawn on it ("reward/*" = every reward component present).
-PANELS: dict[str, tuple[str, ...]] = {
-    "reward": ("reward_mean", "reward/*"),
-    "entropy": ("entropy",),
-    "KL": ("update_kl", "ref_kl", "pass_kl"),
-    "completion length": ("completion_len",),
-    "zero-std fraction": ("zero_std_frac",),
-    "clip fraction": ("clip_frac", "update_clip_frac"),
-    "step time (s)": ("step_time", "gen_time"),
-    "agent": ("tool_calls_per_traj", "turns_mean", "max_turns_frac", "obs_token_frac", "tool_error_rate"),
-}
 
 
 # --------------------------------------------------------------------------- where things are
@@ -70,14 +59,40 @@ def run_names(runs_dir: Path) -> list[str]:
     staged = root / UI_DIR
     if staged.is_dir():
         names |= {p.name[: -len(".train.pid")] for p in staged.glob("*.train.pid")}
-    return sorted(names, key=lambda n: _started(root, n), reverse=True)
+    return sorted(names, key=lambda n: started(root, n), reverse=True)
 
 
-def _started(root: Path, name: str) -> float:
-    for p in (root / name / "config.yaml", staging_file(root, name, "train", "pid")):
-        if p.exists():
-            return p.stat().st_mtime
-    return 0.0
+_BANNER = re.compile(rb"^=== tinyrl ui: train at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+_STAMP = "%Y-%m-%d %H:%M:%S"
+
+
+def _parse_time(text: str | None) -> float | None:
+    try:
+        return time.mktime(time.strptime(text or "", _STAMP))
+    except ValueError:
+        return None
+
+
+def started(runs_dir: Path, name: str) -> float:
+    """When the run's first process started (0.0 when unknown); a resume does not move it.
+
+    The UI's train.log opens with the banner of the first start. Without one (a run started by
+    `tinyrl train`), the earliest time the folder records: config.yaml is rewritten by each resume,
+    and resumes.jsonl's first record dates the first of them."""
+    root = Path(runs_dir)
+    try:
+        with open(ui_file(root, name, "train", "log"), "rb") as f:
+            m = _BANNER.match(f.readline(200))
+        if m and (t := _parse_time(m.group(1).decode())):
+            return t
+    except OSError:
+        pass
+    times = [p.stat().st_mtime for p in (root / name / "config.yaml", staging_file(root, name, "train", "pid"))
+             if p.exists()]
+    first = next(iter(read_jsonl(root / name / "resumes.jsonl")), None)
+    if isinstance(first, dict) and (t := _parse_time(first.get("time"))):
+        times.append(t)
+    return min(times, default=0.0)
 
 
 # --------------------------------------------------------------------------- status
@@ -94,6 +109,16 @@ def read_json(path: Path) -> dict | None:
 def checkpoints(run: Path) -> list[Path]:
     d = Path(run) / "checkpoints"
     return sorted(p for p in d.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX)) if d.is_dir() else []
+
+
+def adapter_dir(run: Path) -> Path | None:
+    """The run's final adapter, else the adapter of its latest checkpoint (None before either exists;
+    one that resolves outside the run folder, through a symlink, does not count)."""
+    run = Path(run)
+    for c in [run / "adapter"] + [c / "adapter" for c in reversed(checkpoints(run))]:
+        if (c / "adapter_config.json").is_file() and inside(c, run):
+            return c
+    return None
 
 
 def status(runs_dir: Path, name: str) -> str:
@@ -121,14 +146,26 @@ class RunInfo:
     reward: float | None  # last reward_mean
     started: str
     description: str
+    best_reward: float | None = None  # highest reward_mean so far
+    best_step: int | None = None
+    seconds_per_step: float | None = None  # median step_time of the last steps
+    eta_s: float | None = None  # seconds to train.steps at that pace (live runs only)
+    held_out: str = ""  # held-out accuracy: the run's before -> after, else the UI's last evaluation
 
     def row(self) -> list:
+        """The runs table's row (TABLE_HEADERS).
+
+        >>> RunInfo("r", "running", 2, 4, 0.5, "2026-12-06 07:14:57", "", 0.75, 1, 2.0, 4.0, "").row()
+        ['r', 'running', '2/4', '0.500', '0.750 (step 1)', '2.00', '4s', '', '2026-12-06 07:14:57']
+        """
         frac = f"{self.step or 0}/{self.steps}" if self.steps is not None else str(self.step or 0)
         reward = "" if self.reward is None else f"{self.reward:.3f}"
-        return [self.name, self.status, frac, reward, self.started]
+        best = "" if self.best_reward is None else f"{self.best_reward:.3f} (step {self.best_step})"
+        pace = "" if self.seconds_per_step is None else f"{self.seconds_per_step:.2f}"
+        return [self.name, self.status, frac, reward, best, pace, st.duration(self.eta_s), self.held_out, self.started]
 
 
-TABLE_HEADERS = ["run", "status", "step", "reward", "started"]
+TABLE_HEADERS = ["run", "status", "step", "reward", "best reward", "s/step", "ETA", "held-out", "started"]
 
 
 def run_config(run: Path) -> dict:
@@ -149,11 +186,16 @@ def info(runs_dir: Path, name: str) -> RunInfo:
     rows = metrics(run)
     last = rows[-1] if rows else {}
     steps = (cfg.get("train") or {}).get("steps") if isinstance(cfg.get("train"), dict) else None
-    started = _started(Path(runs_dir), name)
-    return RunInfo(name=name, status=status(runs_dir, name), step=last.get("step"), steps=steps,
-                   reward=_num(last.get("reward_mean")),
-                   started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "",
-                   description=str(cfg.get("description") or ""))
+    steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+    t0, state = started(Path(runs_dir), name), status(runs_dir, name)
+    best, pace = st.best(rows), st.pace(rows)
+    return RunInfo(name=name, status=state, step=last.get("step"), steps=steps,
+                   reward=st.num(last.get("reward_mean")),
+                   started=time.strftime(_STAMP, time.localtime(t0)) if t0 else "",
+                   description=str(cfg.get("description") or ""),
+                   best_reward=best and best[0], best_step=best and best[1], seconds_per_step=pace,
+                   eta_s=st.eta(state, last.get("step"), steps, pace),
+                   held_out=st.held_out(read_json(run / "summary.json"), eval_status(runs_dir, name)))
 
 
 def list_runs(runs_dir: Path) -> list[RunInfo]:
@@ -167,57 +209,6 @@ def info_dict(runs_dir: Path, name: str) -> dict:
     out.update(checkpoints=[p.name for p in checkpoints(run)], adapter=(run / "adapter").is_dir(),
                metric_rows=len(metrics(run)), alarms=[a.get("name") for a in alarms(run)],
                summary=read_json(run / "summary.json"), eval=eval_status(runs_dir, name))
-    return out
-
-
-# --------------------------------------------------------------------------- curves
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def _keys(panel: tuple[str, ...], rows: list[dict]) -> list[str]:
-    keys = []
-    for k in panel:
-        if k.endswith("/*"):
-            prefix = k[:-1]
-            keys += sorted({key for r in rows for key in r if key.startswith(prefix)})
-        else:
-            keys.append(k)
-    return keys
-
-
-def curve_points(rows: list[dict], panel: tuple[str, ...]) -> list[dict]:
-    """Long-format points {step, value, series} for one panel; absent or null values are skipped.
-
-    >>> curve_points([{"step": 1, "entropy": 0.5}, {"step": 2, "entropy": None}, {"step": 3}], ("entropy",))
-    [{'step': 1, 'value': 0.5, 'series': 'entropy'}]
-    """
-    out = []
-    for key in _keys(panel, rows):
-        for r in rows:
-            v, step = _num(r.get(key)), r.get("step")
-            if v is not None and isinstance(step, int):
-                out.append({"step": step, "value": v, "series": key})
-    return out
-
-
-def curves(runs_dir: Path, names: list[str]) -> dict[str, list[dict]]:
-    """Panel title -> points of every named run (series labelled by run when there are several)."""
-    rows = {name: metrics(Path(runs_dir) / name) for name in names}
-    out: dict[str, list[dict]] = {}
-    for title, panel in PANELS.items():
-        points = {name: curve_points(r, panel) for name, r in rows.items()}
-        if len(names) == 1:
-            out[title] = points[names[0]]
-            continue
-        # several runs: a panel that draws one metric names series by run, otherwise by run and metric
-        one_metric = len({p["series"] for pts in points.values() for p in pts}) <= 1
-        out[title] = [{**p, "series": name if one_metric else f"{name} · {p['series']}"}
-                      for name, pts in points.items() for p in pts]
     return out
 
 
@@ -260,7 +251,7 @@ def accuracy_text(run: Path) -> str:
     s = read_json(Path(run) / "summary.json")
     if not s:
         return "held-out accuracy: not measured yet (summary.json is written when the run ends)"
-    b, a = _num(s.get("eval_before")), _num(s.get("eval_after"))
+    b, a = st.num(s.get("eval_before")), st.num(s.get("eval_after"))
     if b is None and a is None:
         return "held-out accuracy: not measured in this run (train.eval_before_after=false or no verifier)"
     fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
@@ -288,13 +279,29 @@ def log_tail(path: Path, lines: int = 60, max_bytes: int = 256_000) -> str:
     return "\n".join(out[-lines:])
 
 
+EVAL_BANNER = "=== tinyrl ui: eval "
+ACCURACY = re.compile(r"^held-out accuracy \(greedy pass@1\): ([0-9.]+)%")
+
+
 def eval_status(runs_dir: Path, name: str) -> dict:
-    """The last `tinyrl eval` of this run: running or not, its accuracy line, where its log is."""
+    """The last `tinyrl eval` the UI started for this run (eval.log from its last banner on):
+    state (none / running / done), the adapter and start time, its accuracy line, or its error."""
     log = Path(runs_dir) / name / "eval.log"
-    tail = log_tail(log, lines=400)
     if not log.exists():
         return {"state": "none", "result": None}
-    last = tail.rsplit("=== tinyrl ui: eval", 1)[-1]
-    result = next((ln.strip() for ln in reversed(last.splitlines()) if "held-out accuracy" in ln or "error" in ln), None)
-    running = procs.alive(process(runs_dir, name, "eval"))
-    return {"state": "running" if running else "done", "result": result}
+    section = log_tail(log, lines=400).rsplit(EVAL_BANNER, 1)
+    lines = section[-1].splitlines()
+    adapter, _, at = (lines[0] if len(section) > 1 and lines else "").strip().partition(" at ")
+    out = {"state": "running" if procs.alive(process(runs_dir, name, "eval")) else "done", "result": None,
+           "accuracy": None, "prompts": None, "error": None, "adapter": adapter or None, "at": at or None}
+    for i, line in enumerate(lines):
+        if m := ACCURACY.match(line):
+            out.update(result=line.strip(), accuracy=float(m.group(1)) / 100, error=None)
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if nxt.startswith("prompts:") and nxt.split(":")[1].strip().isdigit():
+                out["prompts"] = int(nxt.split(":")[1])
+        elif line.startswith("tinyrl: error"):
+            out["error"] = line.strip()
+    if out["result"] is None and out["error"] is None and "Traceback" in section[-1]:
+        out["error"] = next((ln.strip() for ln in reversed(lines) if ln.strip()), None)  # the exception's line
+    return out

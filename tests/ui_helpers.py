@@ -26,13 +26,16 @@ def free_port() -> int:
 
 
 class UIServer:
+    """`tinyrl ui --runs-dir <name>` started in the runs directory's parent, as a user starts it in a project
+    folder (so the page names the runs directory as typed, and no temporary path shows in screenshots)."""
+
     def __init__(self, runs_dir: Path, log: Path):
         self.runs_dir, self.port = Path(runs_dir), free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.out = open(log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "tinyrl.cli", "ui", "--port", str(self.port),
-                                      "--runs-dir", str(runs_dir)], stdout=self.out, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+                                      "--runs-dir", self.runs_dir.name], stdout=self.out, stderr=subprocess.STDOUT,
+                                     cwd=self.runs_dir.parent, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
         self._wait_up(Path(log))
 
     def _wait_up(self, log: Path, timeout: float = 180) -> None:
