@@ -110,6 +110,7 @@ def section_tests(ctx) -> dict:
     runs = {"gpu_marked": targets}
     if not ctx["cpu"]:
         runs["kernels_on_cuda"] = ["tests/kernels"]
+        runs["oom_recovery"] = ["tests/test_oom_recovery.py"]  # an injected OOM mid-step, recovered on CUDA
     out = {}
     shim = os.environ.get("TINYRL_SHIM")
     for name, args in runs.items():
@@ -327,7 +328,50 @@ def section_grpo(ctx) -> dict:
     return {"status": "fail" if failed else "ok", "cases": cases}
 
 
-SECTIONS = {"env": section_env, "tests": section_tests, "fused_loss": section_fused_loss, "grpo": section_grpo}
+def section_compile(ctx) -> dict:
+    """The compile table's row for this card (tinyrl.kernels.compile_check): the blocks the dispatcher
+    picks here compile without spills, checked by the same ptxas on the machine that will run them.
+    --cpu: the A100 (sm_80) rows, as CI's compile test checks every card."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("triton") is None:
+        return {"status": "skipped", "reason": "triton is not installed (pip install 'tinyrl[kernels]')"}
+    major, minor = (8, 0) if ctx["cpu"] else torch.cuda.get_device_capability()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
+    r = subprocess.run([sys.executable, "-m", "tinyrl.kernels.compile_check", "--json", "--sm", str(10 * major + minor)],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=max(30, ctx["left"]()))
+    if not r.stdout.strip():
+        return {"status": "fail", "error": r.stderr[-3000:]}
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    bad = [row for row in rows if row["problems"]]
+    return {"status": "fail" if bad else "ok", "capability": 10 * major + minor, "rows": rows,
+            "spilling": [(row["kernel"], row["dtype"], row["config"], row["problems"]) for row in bad]}
+
+
+SECTIONS = {"env": section_env, "tests": section_tests, "compile": section_compile, "fused_loss": section_fused_loss,
+            "grpo": section_grpo}
+# seconds each section may take on one H100 (the whole check: 8 minutes); a section past its share is cut
+BUDGET_S = {"env": 10, "tests": 120, "compile": 40, "fused_loss": 90, "grpo": 200}
+
+
+def dry_run(sections: list[str]) -> str:
+    """What the check would run, and its time budget, without running anything."""
+    lines = [f"tinyrl gpu_check: {len(sections)} sections, budget {sum(BUDGET_S[s] for s in sections)} s"]
+    for name in sections:
+        lines.append(f"  {name:<11} {BUDGET_S[name]:>4} s  {_SECTION_NOTES[name]}")
+    return "\n".join(lines)
+
+
+_SECTION_NOTES = {
+    "env": "versions, the card, the optional packages present (vllm, bitsandbytes, trl)",
+    "tests": "the gpu-marked tests (planner vs torch.cuda.max_memory_allocated), the kernel tests and OOM recovery on CUDA",
+    "compile": "this card's row of the kernel compile table (no spills at the blocks the dispatcher picks)",
+    "fused_loss": "Triton fused logprobs vs the torch reference: values, grads, time, peak memory, TFLOP/s",
+    "grpo": "GRPO steps on tiny-arith and random Qwen2.5-0.5B/1.5B-shaped models (QLoRA, vLLM where installed): "
+            "time per phase, planned vs measured peak",
+}
 
 
 # --------------------------------------------------------------------------- report
@@ -371,7 +415,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shim", action="store_true", help="import the repository through the shim even when "
                     "tinyrl is installed (what a bare machine does)")
     ap.add_argument("--sections", nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
+    ap.add_argument("--dry-run", action="store_true", help="list every check and its time budget; run nothing")
     ns = ap.parse_args(argv)
+    if ns.dry_run:
+        print(dry_run(ns.sections))
+        return 0
     if ns.cpu:  # before anything imports triton: the interpreter runs the kernels on CPU tensors
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

@@ -63,3 +63,14 @@ def test_planner_within_25_percent_of_max_memory_allocated(tmp_path):
     model = gc.random_model(ARCHITECTURES["qwen2.5-0.5b-instruct"], str(tmp_path), torch.bfloat16, "cuda")
     res = gc.grpo_case("qwen2.5-0.5b-shape", model, over, ctx)
     assert abs(res["error_pct"]) < 25, res
+
+
+def test_dry_run_lists_every_check_within_eight_minutes():
+    gpu_check = load_gpu_check()
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(gpu_check.SECTIONS)
+    total = sum(int(line.split()[1]) for line in lines[1:])
+    assert total == sum(gpu_check.BUDGET_S.values()) <= 8 * 60 and f"budget {total} s" in lines[0]

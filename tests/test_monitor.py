@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tinyrl.config import with_fields as patched
 from tinyrl.monitor import RULES, Alarm, Monitor, MonitorConfig, planned_action
 from tinyrl.runs import read_jsonl
-from tinyrl.trainer import patched
 
 N = 40
 

@@ -69,6 +69,7 @@ class UpdateResult:
     entropy: torch.Tensor  # [N, T]  also 0 on the rows not trained)  the same tokens' entropies
     rows: torch.Tensor  # [n] long: the rows this pass trained on (forward + backward)
     num_rows: int  # N, the batch's rows
+    overflow: bool = False  # skipped because the loss-scaled gradient overflowed (fp16): lower the scale, retry
 
 
 @dataclass
@@ -287,7 +288,8 @@ def rows_to_compute(batch: Rollouts, algo) -> torch.Tensor:
 
 
 def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float, micro_batch: int,
-                  max_grad_norm: float, max_len: int, score_rest: bool = True, dist=None) -> UpdateResult:
+                  max_grad_norm: float, max_len: int, score_rest: bool = True, dist=None,
+                  loss_scale: float = 1.0) -> UpdateResult:
     """One optimiser step over the whole batch (gradient accumulation over micro-batches).
 
     `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`); `max_len`
@@ -298,7 +300,12 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
 
     `dist` (tinyrl.distributed; default: one process): `batch` is this rank's share of the global
     batch. The normalisers, the no-signal and non-finite decisions are global, and the gradients are
-    summed over ranks once, before clipping, so every rank takes the step one process takes."""
+    summed over ranks once, before clipping, so every rank takes the step one process takes.
+
+    `loss_scale` (fp16 training, tinyrl.trainer.LOSS_SCALE): each micro-batch's loss is multiplied by
+    it before the backward, so small gradients of the fp16 activations do not flush to zero, and the
+    gradients are divided by it before the exchange and the clipping: the same update, unscaled. A
+    non-finite gradient at a scale > 1 is an overflow (`overflow`): the step is not taken."""
     dist = dist or Dist()
     loss_mask = batch.loss_mask.float()
     local = BatchTotals.of(loss_mask, max_len)  # the whole batch, skipped rows included
@@ -327,7 +334,7 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
             if not torch.isfinite(out.loss):
                 finite = False
                 break
-            out.loss.backward()
+            (out.loss * loss_scale if loss_scale != 1 else out.loss).backward()
             loss_total += float(out.loss.detach())
             logprobs[mb.rows, :t1] = out.logprobs.detach().float().cpu()
             entropy[mb.rows, :t1] = out.entropy.float().cpu()
@@ -352,6 +359,10 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
         grad_norm, skipped = 0.0, False
     else:
         if finite:
+            if loss_scale != 1:
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.div_(loss_scale)  # unscaled before the exchange and the clipping
             dist.all_reduce_grads(params)  # the one gradient exchange of the step
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if finite else float("nan")
         skipped = not (finite and math.isfinite(grad_norm))
@@ -362,4 +373,33 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     n_tok = acc.pop("tokens", 0.0)
     stats = {k: v / n_tok for k, v in acc.items()} if n_tok else {}
     stats["loss"] = loss_total
-    return UpdateResult(stats, grad_norm, skipped, no_signal, logprobs, entropy, rows, N)
+    return UpdateResult(stats, grad_norm, skipped, no_signal, logprobs, entropy, rows, N, skipped and loss_scale > 1)
+
+
+# fp16 training's dynamic loss scale (torch.amp.GradScaler's defaults); bf16 and fp32 need none
+LOSS_SCALE = {"initial": 2.0 ** 16, "growth_steps": 2000, "max": 2.0 ** 24}
+
+
+def initial_loss_scale(cfg) -> float:
+    """A loss scale for a model computing in float16 (its small gradients flush to zero without one); else 1."""
+    return LOSS_SCALE["initial"] if cfg.model.dtype == "float16" else 1.0
+
+
+def next_loss_scale(scale: float, clean_steps: int, result: UpdateResult) -> tuple[float, int]:
+    """(scale, clean steps since it changed) after an update: halved on an overflow, doubled after
+    LOSS_SCALE["growth_steps"] clean steps, never below 2 once scaling is on (1 means off).
+
+    >>> r = lambda **kw: UpdateResult({}, 1.0, kw.get("overflow", False), False, None, None, None, 0, kw.get("overflow", False))
+    >>> next_loss_scale(1024.0, 5, r(overflow=True)), next_loss_scale(1024.0, 1999, r()), next_loss_scale(1.0, 0, r())
+    ((512.0, 0), (2048.0, 0), (1.0, 0))
+    """
+    if scale == 1:
+        return scale, clean_steps
+    if result.overflow:
+        log.info("fp16 loss scale: the gradient overflowed at %g; the step was not taken, the scale halves", scale)
+        return max(scale / 2, 2.0), 0
+    if result.skipped or result.no_signal:
+        return scale, clean_steps
+    if clean_steps + 1 >= LOSS_SCALE["growth_steps"]:
+        return min(scale * 2, LOSS_SCALE["max"]), 0
+    return scale, clean_steps + 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from tinyrl.algo.advantages import AdvantageInputs, grpo
+from tinyrl.kernels.configs import ADVANTAGE_BLOCK_B, ADVANTAGE_WARPS, advantage_block_n
 
 SCALES = {"none": 0, "group": 1, "batch": 2}
 
@@ -133,11 +134,10 @@ def triton_grouped_advantages(rewards, group, scale="group", eps=1e-4):
     mean_g = torch.empty(B, dtype=torch.float64, device=rewards.device)
     std_g = torch.empty_like(mean_g)
     stats = torch.empty(2, dtype=torch.float64, device=rewards.device)
-    # one program holds [block_b, block_n] fp64 tiles: small enough for registers on a GPU
-    block_n = min(256, max(16, 1 << (N - 1).bit_length()))
-    block_b = min(32, max(16, 1 << (B - 1).bit_length()))
+    # one program holds [BLOCK_B, BLOCK_N] fp64 tiles: sizes that fit registers on every card (configs.py)
     _KERNEL[(1,)](rewards.contiguous(), group.contiguous().long(), adv, mean_g, std_g, stats, N, B, float(eps),
-                  SCALE=SCALES[scale], BLOCK_N=block_n, BLOCK_B=block_b)
+                  SCALE=SCALES[scale], BLOCK_N=advantage_block_n(N), BLOCK_B=ADVANTAGE_BLOCK_B,
+                  num_warps=ADVANTAGE_WARPS)
     zs, gs = stats.tolist()
     return adv, {"zero_std_frac": zs, "group_std_mean": gs}
 

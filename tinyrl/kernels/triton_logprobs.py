@@ -13,7 +13,8 @@
 
 This module imports triton at import time; tinyrl.kernels imports it only when impl="triton".
 On CPU it runs under TRITON_INTERPRET=1 (set before this module is imported), for tests.
-Block sizes are fixed (no autotuning yet); the CUDA path has not been run on a GPU here.
+Block sizes per card and dtype: tinyrl.kernels.configs (checked to compile without spills for sm_75-90 by
+tinyrl.kernels.compile_check); the CUDA path has not been run on a GPU here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from tinyrl.kernels.configs import INTERPRETER_BLOCKS, Blocks, logprob_blocks
 
 ROW_CHUNK = 4096  # rows of one backward block
 VOCAB_CHUNK = 8192  # vocabulary columns of one backward block (dz: 4096 x 8192 bf16 = 64 MiB)
@@ -39,11 +42,15 @@ def _ieee(hidden) -> bool:
     return hidden.dtype == torch.float32 or _interpreting()
 
 
-def _blocks(device) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_V, BLOCK_K, num_warps): small under the interpreter, tensor-core sized on GPU."""
-    if _interpreting() or torch.device(device).type != "cuda":
-        return 16, 32, 16, 1
-    return 64, 128, 64, 8
+_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _blocks(kernel: str, hidden) -> Blocks:
+    """The kernel's blocks for this card and dtype (tinyrl.kernels.configs); small ones under the interpreter."""
+    if _interpreting() or hidden.device.type != "cuda":
+        return INTERPRETER_BLOCKS
+    major, minor = torch.cuda.get_device_capability(hidden.device)
+    return logprob_blocks(kernel, 10 * major + minor, _DTYPE[hidden.dtype])
 
 
 @triton.jit
@@ -141,8 +148,8 @@ def triton_forward(hidden, weight, bias, targets, temperature, splits=None):
     _check(hidden, weight)
     M, K = hidden.shape
     V = weight.shape[0]
-    BM, BV, BK, warps = _blocks(hidden.device)
-    row_blocks, v_tiles = triton.cdiv(M, BM), triton.cdiv(V, BV)
+    b = _blocks("logprobs_fwd", hidden)
+    row_blocks, v_tiles = triton.cdiv(M, b.m), triton.cdiv(V, b.v)
     if splits is None:
         sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else 1
         splits = triton.cdiv(2 * sms, row_blocks)
@@ -153,8 +160,8 @@ def triton_forward(hidden, weight, bias, targets, temperature, splits=None):
     _fwd_kernel[(row_blocks, splits)](
         hidden, weight, bias if bias is not None else hidden, targets, part[0], part[1], part[2], part[3],
         M, V, K, hidden.stride(0), weight.stride(0), 1.0 / float(temperature), tiles_per_split,
-        HAS_BIAS=bias is not None, IEEE=_ieee(hidden), BLOCK_M=BM, BLOCK_V=BV, BLOCK_K=BK,
-        num_warps=warps)
+        HAS_BIAS=bias is not None, IEEE=_ieee(hidden), BLOCK_M=b.m, BLOCK_V=b.v, BLOCK_K=b.k,
+        num_warps=b.warps, num_stages=b.stages)
     m_k, s_k, w_k, zt_k = part
     m = m_k.max(0).values
     a = torch.exp(m_k - m)
@@ -172,7 +179,7 @@ def triton_backward(hidden, weight, bias, targets, lse, grad_logp, temperature, 
     row_chunk, vocab_chunk = row_chunk or ROW_CHUNK, vocab_chunk or VOCAB_CHUNK
     M, K = hidden.shape
     V = weight.shape[0]
-    BM, BV, BK, warps = _blocks(hidden.device)
+    b = _blocks("logprobs_dz", hidden)
     g_all = torch.where(targets >= 0, grad_logp.float(), torch.zeros((), device=grad_logp.device))
     gh = torch.zeros(M, K, dtype=torch.float32, device=hidden.device)
     gw = torch.zeros(V, K, dtype=torch.float32, device=weight.device) if need_weight else None
@@ -185,11 +192,11 @@ def triton_backward(hidden, weight, bias, targets, lse, grad_logp, temperature, 
             v1 = min(v0 + vocab_chunk, V)
             dz = dz_buf[: (r1 - r0) * (v1 - v0)].view(r1 - r0, v1 - v0)
             w_blk = weight[v0:v1]
-            _dz_kernel[(triton.cdiv(r1 - r0, BM), triton.cdiv(v1 - v0, BV))](
+            _dz_kernel[(triton.cdiv(r1 - r0, b.m), triton.cdiv(v1 - v0, b.v))](
                 h, w_blk, bias[v0:v1] if bias is not None else h, targets[r0:r1] - v0, lse[r0:r1], g_all[r0:r1],
                 dz, r1 - r0, v1 - v0, K, h.stride(0), w_blk.stride(0), dz.stride(0), 1.0 / float(temperature),
-                HAS_BIAS=bias is not None, IEEE=_ieee(hidden), BLOCK_M=BM, BLOCK_V=BV,
-                BLOCK_K=BK, num_warps=warps)
+                HAS_BIAS=bias is not None, IEEE=_ieee(hidden), BLOCK_M=b.m, BLOCK_V=b.v,
+                BLOCK_K=b.k, num_warps=b.warps, num_stages=b.stages)
             gh[r0:r1] += dz @ w_blk.to(dz.dtype)
             if gw is not None:
                 gw[v0:v1] += dz.t() @ h

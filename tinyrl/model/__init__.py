@@ -36,6 +36,7 @@ from tinyrl.model.load import (
     check_target_modules,
     checkpointing_on,
     drop_dequantized_gguf_marker,
+    dtype_name,
                                   keep_4bit_weights_trainable,
     load_base_model,
     load_policy,
@@ -49,7 +50,7 @@ from tinyrl.model.load import (
 __all__ = ["ADAPTER_FILES", "BUILTIN_MODELS", "MERGE_SHARE", "ModelLoadError", "ResolvedModel",
            "add_lora", "attention_implementation", "cache_kwarg", "caches_under_autograd", "check_adapter_folder",
            "check_finite_weights", "check_target_modules", "checkpointing_on", "common_prefix_length",
-           "drop_dequantized_gguf_marker", "full_attention_only", "keep_4bit_weights_trainable", "lm_head_of",
+           "drop_dequantized_gguf_marker", "dtype_name", "full_attention_only", "keep_4bit_weights_trainable", "lm_head_of",
            "load_base_model", "load_policy", "load_tokenizer", "merge_budget", "merged_lora_linears",
            "output_projection", "packed_hidden", "positions", "prefix_cache", "prompt_cache", "quiet_third_party_noise",
            "reference_context", "release_weight_file", "resolve_adapter", "resolve_model", "trunk_of"]

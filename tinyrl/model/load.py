@@ -31,6 +31,7 @@ from typing import Callable
 
 from tinyrl.backends import unsloth as unsloth_backend  # imports unsloth itself only when it loads a model
 from tinyrl.errors import ModelLoadError
+from tinyrl.hardware import compute_dtype, cuda_capability
 
 
 @dataclass
@@ -116,6 +117,12 @@ def load_tokenizer(resolved: ResolvedModel):
     return tok
 
 
+def dtype_name(cfg_model) -> str:
+    """model.dtype as a model is loaded: `auto` is decided once per run by tinyrl.config.resolve; a
+    config used without it (a test, a notebook) is decided here, for this process's device."""
+    return compute_dtype(cuda_capability()) if cfg_model.dtype == "auto" else cfg_model.dtype
+
+
 def _dtype(name: str):
     import torch
 
@@ -127,7 +134,7 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
     import torch
     from transformers import AutoModelForCausalLM
 
-    kw: dict = {"dtype": _dtype(cfg_model.dtype)}
+    kw: dict = {"dtype": _dtype(dtype_name(cfg_model))}
     if resolved.gguf_file:
         kw["gguf_file"] = resolved.gguf_file
     if cfg_model.load_in_4bit:
@@ -135,7 +142,7 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
 
         kw["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=_dtype(cfg_model.dtype),
+            bnb_4bit_compute_dtype=_dtype(dtype_name(cfg_model)),
         )
         # one replica of the 4-bit base per process: on the device accelerate gave this rank (cuda:<local
         # rank>, set as the current device by PartialState; cuda:0 in a one-process run)
@@ -255,15 +262,27 @@ def keep_4bit_weights_trainable(model) -> int:
     return len(layers)
 
 
-def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
-    """Wrap the base with a trainable peft LoRA adapter; base weights stay frozen."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    if getattr(model, "is_loaded_in_4bit", False):
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
-    elif gradient_checkpointing:
+def prepare_for_training(model, gradient_checkpointing: bool):
+    """The frozen base made ready for LoRA training, 16-bit or 4-bit alike: every base parameter frozen,
+    gradient checkpointing on when asked (with inputs that require grad, so the checkpointed blocks
+    see a graph). Unlike peft's `prepare_model_for_kbit_training`, a 4-bit base keeps its other
+    parameters (embeddings, lm_head, norms, biases) in the compute dtype: peft casts them to fp32
+    (4.06 GiB of Qwen2.5-7B's embeddings and head), which makes the residual stream and every saved
+    activation fp32 too. What must be fp32 is: the adapters (peft's autocast_adapter_dtype, the
+    optimizer's master weights) and the loss (tinyrl.kernels computes it in fp32)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
+    return model
+
+
+def add_lora(model, cfg_lora, gradient_checkpointing: bool = False):
+    """Wrap the base with a trainable peft LoRA adapter; base weights stay frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    model = prepare_for_training(model, gradient_checkpointing)
     check_target_modules(model, cfg_lora.target_modules)
     peft_cfg = LoraConfig(
         r=cfg_lora.r, lora_alpha=cfg_lora.alpha, lora_dropout=cfg_lora.dropout,
@@ -326,13 +345,9 @@ def load_policy(cfg_model, cfg_lora, adapter: str | None = None):
     checkpointed = checkpointing_on(cfg_model)
     if adapter is None:
         return add_lora(base, cfg_lora, checkpointed), tok
-    from peft import PeftModel, prepare_model_for_kbit_training
+    from peft import PeftModel
 
-    if getattr(base, "is_loaded_in_4bit", False):  # as add_lora prepares a 4-bit base for training
-        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=checkpointed)
-    elif checkpointed:
-        base.gradient_checkpointing_enable()
-        base.enable_input_require_grads()
+    base = prepare_for_training(base, checkpointed)  # as add_lora does
     try:
         return PeftModel.from_pretrained(base, adapter, is_trainable=True), tok
     except Exception as e:

@@ -4,10 +4,10 @@ Every function here is integer arithmetic on an `Arch` and a `Setup`, and each f
 the code whose allocations it counts:
 
 - weights: bf16/fp16/fp32 tensors, or bitsandbytes nf4 with double quantisation (4-bit
-  codes, one uint8 absmax per 64 weights, one fp32 absmax per 256 of those). peft's
-  `prepare_model_for_kbit_training` casts every non-4-bit parameter (embeddings, lm_head,
-  norms, biases) to fp32, so under QLoRA those cost 4 bytes each and the residual stream,
-  and with it every activation and the HF engine's KV cache, is fp32.
+  codes, one uint8 absmax per 64 weights, one fp32 absmax per 256 of those). The other
+  parameters (embeddings, lm_head, norms, biases) stay in model.dtype under QLoRA too
+  (tinyrl.model.load.prepare_for_training; peft's own preparation would cast them to fp32),
+  and so do the residual stream, every activation and the HF engine's KV cache.
 - LoRA: peft keeps adapters in fp32 (`autocast_adapter_dtype`): parameter, gradient and
   AdamW's two moments are 16 bytes per adapter weight.
 - activations: the tensors autograd saves in transformers' Llama/Qwen2 decoder with sdpa
@@ -80,8 +80,8 @@ class Setup:
 
     @property
     def act_bytes(self) -> int:
-        """Dtype of the residual stream: fp32 under QLoRA (peft upcasts the embeddings)."""
-        return 4 if self.load_in_4bit else self.dtype_bytes
+        """Dtype of the residual stream: model.dtype, 4-bit base or not."""
+        return self.dtype_bytes
 
 
 def resolve_targets(target_modules, arch: Arch) -> tuple[str, ...]:
@@ -113,9 +113,9 @@ def nf4_bytes(numel: int, blocksize: int = NF4_BLOCK, double_quant: bool = True)
 
 
 def weight_bytes(s: Setup) -> dict[str, int]:
-    """Trainer base weights by part. QLoRA: 4-bit linears, everything else fp32 (peft's cast)."""
+    """Trainer base weights by part. QLoRA: 4-bit linears, everything else in model.dtype."""
     a = s.arch
-    other = 4 if s.load_in_4bit else s.dtype_bytes
+    other = s.dtype_bytes
     if s.load_in_4bit:
         linears = a.num_layers * sum(nf4_bytes(i * o) for i, o, _ in a.linears().values())
     else:

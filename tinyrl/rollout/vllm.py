@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from tinyrl.model import dtype_name, resolve_model
+from tinyrl.planner import vllm_settings
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text, stream_seed
 
 log = logging.getLogger("tinyrl.rollout.vllm")
@@ -126,8 +128,6 @@ class VLLMEngine:
     @classmethod
     def from_run(cls, model, tokenizer, cfg, seed: int = 0, share_weights: bool = True, **llm_kw) -> "VLLMEngine":
         """The engine for a run: vLLM on the run's model, its base shared with `model` (peft)."""
-        from tinyrl.model import resolve_model
-
         resolved = resolve_model(cfg.model.name, cfg.model.gguf_file)
         if resolved.gguf_file:
             raise ValueError(f"model.name {cfg.model.name!r} is a GGUF file: the vllm engine needs a "
@@ -138,8 +138,7 @@ class VLLMEngine:
             log.warning("QLoRA: vLLM %s has no bitsandbytes, so it holds the base in %s, filled from the "
                         "trainer's dequantised nf4 weights (rollouts sample the trainer's exact base). "
                         "Memory: the nf4 copy plus a %s copy; with model.load_in_4bit: false (on CUDA) the "
-                        "two share one %s copy instead.", vllm_version(), cfg.model.dtype, cfg.model.dtype,
-                        cfg.model.dtype)
+                        "two share one %s copy instead.", vllm_version(), *[dtype_name(cfg.model)] * 3)
             load_trainer_base(llm, model)
         engine = cls(llm, tokenizer, seed=seed)
         if share_weights:
@@ -251,7 +250,7 @@ def make_llm(model_path: str, cfg, seed: int, load_base: bool = True, **override
         max_len = limit
     cuda = torch.cuda.is_available()
     kw = dict(
-        model=model_path, tokenizer=model_path, dtype=cfg.model.dtype, seed=seed, max_model_len=max_len,
+        model=model_path, tokenizer=model_path, dtype=dtype_name(cfg.model), seed=seed, max_model_len=max_len,
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         enable_lora=True, max_lora_rank=lora_rank_slot(cfg.lora.r), max_loras=1,
         logprobs_mode="processed_logprobs",  # logprobs after temperature / top-p: what the trainer scores
@@ -259,13 +258,11 @@ def make_llm(model_path: str, cfg, seed: int, load_base: bool = True, **override
         enforce_eager=not cuda,  # CPU: no graph capture or compile (a fast start)
     )
     if cuda:  # the memory plan sizes vLLM's share and batch for this run and card (tinyrl.planner)
-        from tinyrl.planner import vllm_settings
-
         kw["gpu_memory_utilization"], kw["max_num_seqs"] = vllm_settings(cfg, torch.cuda.get_device_properties(0).total_memory)
     if not load_base:
         kw["load_format"] = "dummy"  # the weights come from the trainer (load_trainer_base)
     if not cuda:  # CPU: size the KV cache for 64 full-length sequences, not a share of host RAM
-        kw["kv_cache_memory_bytes"] = _kv_bytes_per_token(hf, cfg.model.dtype) * max_len * 64
+        kw["kv_cache_memory_bytes"] = _kv_bytes_per_token(hf, dtype_name(cfg.model)) * max_len * 64
     kw.update(overrides)
     return vllm.LLM(**kw)
 
