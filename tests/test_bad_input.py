@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +52,27 @@ def infinite(prompts, completions, **kw):
     return [float("inf")] * len(completions)
 
 
+def huge(prompts, completions, **kw):
+    return [(1e38, 2e38)[k % 2] for k in range(len(completions))]  # finite, but their float32 squares are not
+
+
+TEST_PID = os.getpid()
+
+
+def hard_exit(prompts, completions, **kw):
+    if os.getpid() == TEST_PID:  # called in this test process (the code before the fix): fail, do not end pytest
+        raise RuntimeError("the reward ran in the trainer's own process")
+    os._exit(3)
+
+
+def segfault(prompts, completions, **kw):
+    if os.getpid() == TEST_PID:
+        raise RuntimeError("the reward ran in the trainer's own process")
+    import ctypes
+
+    ctypes.string_at(0)
+
+
 # --- the table ---------------------------------------------------------------------------------
 
 
@@ -65,6 +86,7 @@ class Case:
     check: Callable | None = None  # (tmp) -> None: more assertions on what was written
     subprocess_only: str = ""  # why it cannot run in-process
     limit_fsize: int | None = None  # RLIMIT_FSIZE of the child (a full disk)
+    never: list[str] = field(default_factory=list)  # words that must not appear (logs captured from DEBUG up)
 
 
 def runs(tmp):
@@ -176,6 +198,40 @@ def previous_checkpoint_intact(tmp):
     assert all(p.name.startswith("step-") for p in (folder / "checkpoints").iterdir())
 
 
+def metrics_of(tmp) -> list[dict]:
+    (folder,) = (tmp / "runs").iterdir()
+    return read_jsonl(folder / "metrics.jsonl")
+
+
+def huge_rewards_train(tmp):
+    """Rewards of 1e38 / 2e38: finite statistics (computed in float64), advantages that are not all 0."""
+    for m in metrics_of(tmp):
+        assert m["reward_mean"] is not None and 1e38 <= m["reward_mean"] <= 2e38, m
+        assert m["reward_std"] is not None and m["reward_excluded_frac"] == 0.0, m
+        assert not m["skipped_no_signal"] and m["grad_norm"] > 1e-4, m
+
+
+def nothing_usable_is_a_metric(tmp):
+    assert [m["reward_excluded_frac"] for m in metrics_of(tmp)] == [1.0, 1.0]
+
+
+def failures_counted_by_name(name):
+    def check(tmp):
+        assert [m[f"reward_failures/{name}"] for m in metrics_of(tmp)] == [4, 4]
+    return check
+
+
+def nothing_beside_run_dir(tmp):
+    assert [p.name for p in tmp.iterdir() if p.name != "runs"] == []  # not runs-<time>, a folder beside log.run_dir
+
+
+def gaia(tmp, corpus: bool):
+    meta = write(tmp, "metadata.jsonl", json.dumps({"task_id": "a", "Question": "Who is Evan Morris?",
+                                                   "Final answer": "a lobbyist", "Level": 1, "file_name": ""}) + "\n")
+    corpus_arg = [f"agent.corpus={REPO / 'tinyrl' / 'assets' / 'search-world' / 'corpus.jsonl'}"] if corpus else []
+    return ["eval", "tiny_search_cpu", "--gaia", str(meta), "data.num_eval=1", *corpus_arg]
+
+
 def name_taken(tmp, fx):
     (tmp / "runs").mkdir()
     write(tmp / "runs", "taken", "a file where the run folder would go")
@@ -208,11 +264,14 @@ CASES = [
     Case("preset_wrong_suffix", preset("train: {steps: 1}\n", name="p.txt"), 2, ["must end in .yaml"]),
     Case("preset_duplicate_keys_warn", lambda tmp, fx: ["train", str(write(tmp, "dup.yaml", (
         "model: {name: tiny-arith}\ntrain: {steps: 9}\ntrain: {steps: 0, eval_before_after: false}\n"
-        "log: {progress: false}\n"))), runs(tmp)], 0, ["dup.yaml, line 3: key 'train' is given twice"], fresh=False),
+        "log: {progress: false}\nrollout: {max_new_tokens: 8}\n"))), runs(tmp)], 0,
+         ["dup.yaml, line 3: key 'train' is given twice"], fresh=False),
     # overrides and values that used to train silently wrong
     Case("override_not_yaml", train("train.lr=[1"), 2, ["override 'train.lr=[1'", "not valid YAML"]),
     Case("override_unknown_field", train("train.stepz=3"), 2, ["train.stepz: unknown field (did you mean 'steps'?)"]),
     Case("override_no_equals", lambda tmp, fx: ["train", "p.yaml", "train.steps"], 2,
+         ["unexpected argument 'train.steps'; overrides look like section.field=value"]),
+    Case("override_no_equals_and_no_preset", lambda tmp, fx: ["train", *TINY, runs(tmp), "train.steps"], 2,
          ["unexpected argument 'train.steps'; overrides look like section.field=value"]),
     Case("std_eps_negative", train("algo.std_eps=-0.1"), 2, ["algo.std_eps: must be > 0"]),
     Case("std_eps_zero", train("algo.std_eps=0"), 2, ["algo.std_eps: must be > 0"]),
@@ -225,6 +284,18 @@ CASES = [
     Case("reward_timeout_zero", train("reward.timeout=0"), 2, ["reward.timeout: must be > 0 seconds"]),
     Case("num_eval_more_than_the_task_has", train("data.num_eval=5000"), 2, ["data (task 'arithmetic')", "num_eval=5000"]),
     Case("task_args_unknown", train("data.task_args={digits: 2, nope: 1}"), 2, ["data.task_args", "nope"]),
+    # what cannot work is refused at start (tinyrl.planner.preflight), before any run folder exists
+    Case("completion_beyond_the_model_context", train("rollout.max_new_tokens=100000000"), 2,
+         ["rollout.max_new_tokens: 100000000 new tokens", "beyond the context of model 'tiny-arith'",
+          "max_position_embeddings 64", "the largest that fits is"]),
+    Case("planned_peak_above_the_device_memory", train("train.prompts_per_step=10000000"), 2,
+         ["the run does not fit: its planned peak", "Lower train.prompts_per_step (now 10000000, the largest that fits:",
+          "train.ignore_memory_plan=true"]),
+    Case("planned_peak_above_the_device_memory_ignored",
+         train("train.prompts_per_step=10000000", "train.ignore_memory_plan=true", "train.steps=0"), 0,
+         ["the run may not fit", "starting anyway (train.ignore_memory_plan)"], fresh=False),
+    Case("plan_gpu_mem_zero", lambda tmp, fx: ["plan", "tiny_grpo_cpu", "--gpu-mem", "0"], 2,
+         ["--gpu-mem '0': must be a size above 0"]),
     # rewards
     Case("reward_unknown", train("reward.functions=[nope]"), 2, ["unknown reward 'nope'"]),
     Case("reward_not_importable", train("reward.functions=[no.such.module:f]"), 2, ["cannot import 'no.such.module:f'"]),
@@ -236,6 +307,17 @@ CASES = [
          ["failed on the whole batch (SystemExit", "run folder:"], fresh=False),
     Case("reward_inf_is_counted_not_written", train(f"reward.functions=[{ME}:infinite]"), 0,
          ["4 of 4 samples scored no finite number"], fresh=False, check=strict_jsonl),
+    Case("reward_none_usable_is_said", train(f"reward.functions=[{ME}:infinite]"), 0,
+         ["no sample of this batch has a usable reward (all 4 excluded; failed: infinite: 4)"], fresh=False,
+         check=nothing_usable_is_a_metric),
+    Case("reward_huge_finite_values_train", train(f"reward.functions=[{ME}:huge]", "algo.scale=batch"), 0, [],
+         fresh=False, check=huge_rewards_train),
+    Case("reward_os_exit_is_counted", train(f"reward.functions=[{ME}:hard_exit]"), 0,
+         ["reward 'hard_exit' failed on the whole batch", "exited with status 3", "run folder:"], fresh=False,
+         check=failures_counted_by_name("hard_exit")),
+    Case("reward_segfault_is_counted", train(f"reward.functions=[{ME}:segfault]"), 0,
+         ["reward 'segfault' failed on the whole batch", "killed by SIGSEGV", "run folder:"], fresh=False,
+         check=failures_counted_by_name("segfault")),
     # models
     Case("model_missing", train("model.name=/no/such/model"), 2, ["model.name: '/no/such/model' is not a built-in"]),
     Case("model_truncated_safetensors", model_folder(lambda d: truncate(d / "model.safetensors")), 2,
@@ -257,6 +339,13 @@ CASES = [
     Case("jsonl_empty_file", jsonl(""), 2, ["d.jsonl: no rows"]),
     Case("jsonl_missing_file", lambda tmp, fx: ["train", *TINY, runs(tmp), "data.task=jsonl",
                                                 f"data.path={tmp / 'none.jsonl'}"], 2, ["data.path: file not found"]),
+    Case("jsonl_path_is_a_folder", lambda tmp, fx: ["train", *TINY, runs(tmp), "data.task=jsonl", f"data.path={tmp}"],
+         2, ["data.path:", "is a folder; give the .jsonl file in it"]),
+    # agents
+    Case("gaia_without_a_corpus", lambda tmp, fx: gaia(tmp, corpus=False), 2,
+         ["agent.corpus: the search tool needs a corpus", "set agent.corpus=PATH"]),
+    Case("gaia_with_a_corpus_keeps_bm25s_quiet", lambda tmp, fx: gaia(tmp, corpus=True), 0,
+         ["held-out accuracy (greedy pass@1)"], never=["bm25s"]),
     # adapters
     Case("adapter_missing", lambda tmp, fx: ["eval", "--adapter", str(tmp / "nowhere")], 2,
          ["--adapter", "nowhere: missing (no such file or folder)"]),
@@ -288,6 +377,8 @@ CASES = [
     Case("run_name_is_a_file", name_taken, 2, ["runs/taken exists and is not a folder"], fresh=False),
     Case("run_name_escapes", train("log.name=../escaped"), 2, ["log.name: must be a folder name inside log.run_dir"],
          check=nothing_escaped),
+    Case("run_name_is_the_run_dir", train("log.name=."), 2,
+         ["log.name: must be a folder name inside log.run_dir", "got '.'"], check=nothing_beside_run_dir),
     # disks (a child process of its own: the limit is on it alone)
     Case("disk_full_at_checkpoint", train("train.save_every=1"), 2,
          ["cannot write the checkpoint", "File too large", "the previous checkpoint is intact"], fresh=False,
@@ -321,6 +412,8 @@ def after(case, tmp, rc, text):
     assert rc == case.rc, f"{case.id}: exit {rc}, expected {case.rc}\n{text[-3000:]}"
     for words in case.says:
         assert words in text, f"{case.id}: {words!r} not said\n{text[-3000:]}"
+    for words in case.never:
+        assert words not in text, f"{case.id}: {words!r} said\n{text[-3000:]}"
     if case.fresh and case.rc != 0:
         left = list((tmp / "runs").iterdir()) if (tmp / "runs").is_dir() else []
         assert left == [], f"{case.id}: a failed start left {left}"
@@ -333,7 +426,7 @@ def test_bad_input_in_process(case, tmp_path, fx, capsys, caplog):
     from tinyrl.cli import main
 
     argv = case.build(tmp_path, fx)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG if case.never else logging.INFO):
         rc = main(argv)  # an exception escaping here is the traceback the CLI must never show
     out = capsys.readouterr()
     after(case, tmp_path, rc, out.err + out.out + caplog.text)

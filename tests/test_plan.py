@@ -444,3 +444,34 @@ def test_cli_plan_gives_a_small_peak_in_mib(capsys):
     verdict = next(line for line in out.stdout.splitlines() if line.startswith("verdict:"))
     assert re.fullmatch(r"verdict: FITS: [0-9]+\.[0-9] MiB of [0-9]+\.[0-9]{2} GiB \([0-9]+%\)", verdict), verdict
     assert M.size(3 * 2**28) == "768.0 MiB" and M.size(3 * 2**30) == "3.00 GiB"
+
+
+def test_largest_prompts_per_step_that_fits():
+    """The knob a too-large train.prompts_per_step is told to lower: the largest B whose plan fits (B x G
+    rows still split into micro-batches), found by bisection without listing every B."""
+    import time
+
+    arch = ARCHITECTURES["qwen2.5-0.5b-instruct"]
+    s = setup_for(arch, prompts=100000, generations=8, micro_batch=16)
+    budget = 24 * 2**30
+    t0 = time.monotonic()
+    best = largest(s, budget, "prompts")
+    assert time.monotonic() - t0 < 5
+    assert best and (best * 8) % 16 == 0
+    assert build(dataclasses.replace(s, prompts=best), budget).fits
+    assert not build(dataclasses.replace(s, prompts=best + 2), budget).fits
+
+
+def test_planning_the_prompts_leaves_the_process_online():
+    """Every run measures its prompts offline (tinyrl.planner.preflight): huggingface_hub, first imported
+    there, must not stay offline for the rest of the run (it reads HF_HUB_OFFLINE once, at import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tinyrl.config import load_config; from tinyrl.planner.prompts import measure_prompt_tokens; "
+            "cfg = load_config('tiny_grpo_cpu')[1]; assert measure_prompt_tokens(cfg); "
+            "import huggingface_hub.constants as c, os; print(c.HF_HUB_OFFLINE, os.environ.get('HF_HUB_OFFLINE'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "None"], (out.stdout, out.stderr[-2000:])

@@ -146,7 +146,7 @@ def _eval_run(run_root, name, steps):
     o = {"model.name": "tiny-arith", "log.run_dir": run_root, "log.name": name, "log.progress": False,
          "train.steps": steps, "train.prompts_per_step": 2, "rollout.num_generations": 2, "train.micro_batch_size": 4,
          "data.num_eval": 3000, "data.task_args": json.dumps({"digits": 3}),  # a held-out evaluation of 2-3 s
-         "rollout.max_new_tokens": 64}
+         "rollout.max_new_tokens": 48}  # within the tiny model's 64 positions, with the prompt
     return cli([f"{k}={v}" for k, v in o.items()])
 
 
@@ -184,3 +184,75 @@ def test_an_interrupt_during_the_held_out_evaluation_is_clean(run_root, sig, pha
         assert RunDir(folder).latest_checkpoint().name == "step-000001"
         resumed = cli(["--resume", str(folder), "train.eval_before_after=false"])
         assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+
+
+def _signal_run(run_root, name, env: dict, **extra):
+    o = overrides("tiny-arith", run_root, name) | {"train.eval_before_after": False, "train.save_every": 0,
+                                                   "reward.functions": ["tests.signal_helpers:slow"], **extra}
+    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+    return subprocess.Popen([sys.executable, "-m", "tinyrl.cli", "train", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc) -> None:
+    deadline = time.time() + 240
+    while time.time() < deadline and not path.exists() and proc.poll() is None:
+        time.sleep(0.02)
+    assert path.exists(), proc.communicate()
+
+
+@pytest.mark.slow
+def test_sigterm_during_start_up_says_so_and_leaves_no_folder(run_root, tmp_path):
+    """The folder exists (config.yaml), the trainer does not yet: SIGTERM ends the command with a message
+    (not rc -15 and silence) and removes the fresh folder (not one holding only its config)."""
+    started = tmp_path / "starting"
+    proc = _signal_run(run_root, "startup", {"TINYRL_TEST_SLOW_IMPORT": str(started)})
+    _wait_for(started, proc)
+    assert (Path(run_root) / "startup" / "config.yaml").exists()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "interrupted before training started; nothing was saved" in err and "Traceback" not in err, err[-3000:]
+    assert not (Path(run_root) / "startup").exists()
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_in_the_first_step_says_nothing_can_be_resumed(run_root, tmp_path):
+    """No checkpoint exists yet: the stop saves nothing half-done and says plainly that nothing can be
+    resumed (no `--resume` advice, which would fail); summary.json says why, not "interrupted"."""
+    rewarding = tmp_path / "rewarding"
+    proc = _signal_run(run_root, "abort", {"TINYRL_TEST_SLOW_REWARD": str(rewarding)})
+    _wait_for(rewarding, proc)  # inside step 1: its reward is running
+    proc.send_signal(signal.SIGTERM)  # the first lets the step finish...
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # ...the second stops it now
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "nothing can be resumed" in out and "nothing can be resumed" in err, (out, err[-3000:])
+    assert "--resume" not in out + err and "Traceback" not in err, (out, err[-3000:])
+    folder = Path(run_root) / "abort"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert not summary["interrupted"] and "nothing to resume" in summary["error"]
+    assert RunDir(folder).latest_checkpoint() is None
+
+
+def test_a_signal_while_pruning_leaves_no_half_deleted_checkpoint(tiny_model_dir, run_root, monkeypatch):
+    """A Ctrl-C / SIGTERM landing between steps, inside a checkpoint save's pruning (train.keep_last): the
+    run stops resumable, and no `.del-step-*` folder stays in checkpoints/."""
+    import shutil
+
+    real, hit = shutil.rmtree, []
+
+    def rmtree(path, *a, **kw):
+        if Path(path).name.startswith(".del-") and not hit:
+            hit.append(path)
+            raise KeyboardInterrupt  # what the signal handler raises there
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    o = overrides(tiny_model_dir, run_root, "prune") | {"train.steps": 3, "train.keep_last": 1,
+                                                        "train.eval_before_after": False}
+    run = train(**o)
+    assert hit and run.interrupted and run.resumable
+    assert sorted(p.name for p in RunDir(run.path).ckpt_dir.iterdir()) == ["step-000002"]

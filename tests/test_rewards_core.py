@@ -147,7 +147,8 @@ def test_keyboard_interrupt_from_a_reward_still_stops_the_run():
             rs.score(["p"], ["a"], [{}])
 
 
-def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on():
+@pytest.mark.parametrize("isolate", [True, False], ids=["own-process", "in-process"])
+def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on(isolate):
     import threading
     import time
 
@@ -161,7 +162,7 @@ def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on():
         time.sleep(0.3)
         return [2.0] * len(completions)
 
-    rs = RewardSet([], timeout=1.0)
+    rs = RewardSet([], timeout=1.0, isolate=isolate)
     rs.components = [("hangs", hangs, 1.0), ("slow", slow_but_ok, 1.0)]
     t0 = time.monotonic()
     total, comps, report = rs.score(["p"] * 2, ["a", "b"], [{}, {}])
@@ -171,25 +172,80 @@ def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on():
         assert torch.isnan(comps["hangs"]).all() and comps["slow"].tolist() == [2.0, 2.0]
         assert report.timeouts == {"hangs": 1} and report.failures == {"hangs": 2}
         assert "reward.timeout=1" in report.errors["hangs"] and rs.total_failures["hangs"] == 2
-        assert any(t.name == "tinyrl-reward" and t.daemon for t in threading.enumerate())  # left behind
+        # its own process is killed; in-process, a thread cannot be: it is left behind
+        left = any(t.name == "tinyrl-reward" and t.daemon and t.is_alive() for t in threading.enumerate())
+        assert left is not isolate and ("its process was stopped" in report.errors["hangs"]) is isolate
     finally:
         release.set()
+        rs.close()
 
 
-def test_timeout_none_calls_the_reward_on_this_thread():
+def test_where_a_reward_runs():
+    """In its own process (forked once, kept: no fork per call), on that process's main thread; in-process
+    (reward.isolate: false) on a thread, or on this thread when there is no timeout."""
+    import os
     import threading
 
-    seen = []
-
     def where(prompts, completions, **kw):
-        seen.append(threading.current_thread() is threading.main_thread())
-        return [1.0] * len(completions)
+        return [float(os.getpid()), float(threading.current_thread() is threading.main_thread())]
 
-    for timeout, on_main in ((None, True), (5.0, False)):
-        rs = RewardSet([], timeout=timeout)
+    rs = RewardSet([], timeout=5.0)
+    rs.components = [("where", where, 1.0)]
+    first = rs.score(["p"] * 2, ["a", "b"], [{}] * 2)[1]["where"].tolist()
+    again = rs.score(["p"] * 2, ["a", "b"], [{}] * 2)[1]["where"].tolist()
+    assert first[0] != os.getpid() and first[1] == 1.0 and again == first  # the same process, still alive
+    rs.close()
+    for timeout, on_main in ((None, 1.0), (5.0, 0.0)):
+        rs = RewardSet([], timeout=timeout, isolate=False)
         rs.components = [("where", where, 1.0)]
-        rs.score(["p"], ["a"], [{}])
-        assert seen[-1] is on_main
+        assert rs.score(["p"] * 2, ["a", "b"], [{}] * 2)[1]["where"].tolist() == [os.getpid(), on_main]
+
+
+def exits_hard(prompts, completions, **kw):
+    import os
+
+    os._exit(3)  # no exception, no cleanup: today's trainer would end with rc 3 and no message
+
+
+def segfaults(prompts, completions, **kw):
+    import ctypes
+
+    ctypes.string_at(0)  # a crash in native code: SIGSEGV
+
+
+def allocates_forever(prompts, completions, **kw):
+    hoard = []
+    while True:
+        hoard.append(bytearray(32 << 20))
+
+
+@pytest.mark.parametrize("reward, says", [
+    ("exits_hard", "exited with status 3"),
+    ("segfaults", "killed by SIGSEGV"),
+    ("allocates_forever", "MemoryError"),
+])
+def test_a_reward_that_kills_its_process_costs_the_call_not_the_run(reward, says, monkeypatch):
+    """os._exit, a segfault or a runaway allocation in a reward: the call's samples are excluded and
+    counted under the reward's name, the run goes on, and the next call gets a fresh process."""
+    import tinyrl.rewards.isolation as isolation
+
+    monkeypatch.setattr(isolation, "MEMORY_SHARE", 256 / (isolation.host_memory() >> 20))  # 256 MiB more
+    rs = RewardSet([RewardSpec(f"{__name__}:exact", 1.0), RewardSpec(f"{__name__}:{reward}", 1.0)])
+    for _ in range(2):  # the process it ended is replaced
+        total, comps, report = rs.score(["2+2="] * 3, ["4", "5", "x"], [{"answer": "4"}] * 3)
+        assert report.failures == {reward: 3} and says in report.errors[reward], report.errors
+        assert comps["exact"].tolist() == [1.0, 0.0, 0.0] and torch.isnan(total).all()
+    assert rs.total_failures[reward] == 6
+    rs.close()
+
+
+def test_inputs_that_do_not_pickle_fail_that_call_and_name_the_way_out():
+    rs = RewardSet([RewardSpec(f"{__name__}:length_bonus", 1.0)])
+    total, _, report = rs.score(["p"], ["a"], [{"helper": lambda: 0}])  # a column the reward's process cannot get
+    assert report.failures == {"length_bonus": 1} and "reward.isolate=false" in report.errors["length_bonus"]
+    assert RewardSet([RewardSpec(f"{__name__}:length_bonus", 1.0)], isolate=False).score(
+        ["p"], ["a"], [{"helper": lambda: 0}])[0].tolist() == [pytest.approx(0.1)]
+    rs.close()
 
 
 def test_failures_are_logged_rate_limited(caplog):

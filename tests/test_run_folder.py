@@ -371,3 +371,15 @@ def test_two_fresh_runs_with_one_name_started_together_get_two_folders(tmp_path)
     for f in folders:
         assert [m["step"] for m in read_jsonl(tmp_path / f / "metrics.jsonl")] == [1]
         assert (tmp_path / f / "adapter" / "adapter_model.safetensors").exists()
+
+
+def test_a_run_name_of_dot_is_refused_not_written_beside_the_run_dir(tmp_path):
+    """`log.name=.` is the run_dir itself (Path('.') has no part): refused at the config and at the folder."""
+    from tinyrl.config import ConfigError, load_config
+
+    for name in (".", "./.", ""):
+        with pytest.raises(ConfigError, match="log.name"):
+            RunDir.create(str(tmp_path / "runs"), name, {})
+    with pytest.raises(ConfigError, match="log.name: must be a folder name inside log.run_dir"):
+        load_config(None, {"log.name": "."})
+    assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == []

@@ -8,15 +8,18 @@ that use them, so `tinyrl --help`, `presets` and `plan` answer without loading t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 from tinyrl import distributed
-from tinyrl.config import DEFAULT_PRESET, ConfigError, Resolved, list_presets, parse_override, resolve
+from tinyrl.config import DEFAULT_PRESET, ConfigError, Resolved, RunConfig, list_presets, parse_override, resolve
 from tinyrl.errors import USER_ERRORS
 from tinyrl.planner.report import run as plan_run
 from tinyrl.report import write_report
+from tinyrl.stop import StopSignals
 
 
 def _os_error_text(e: OSError) -> str:
@@ -32,13 +35,22 @@ OOM_HELP = ("out of memory. Turn these knobs down: rollout.num_generations (grou
             "rollout.gpu_memory_utilization; or load the base in 4-bit (model.load_in_4bit=true).")
 
 
+SECTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig))  # model, train, ...: what an override starts with
+
+
+def _bare_field(a: str) -> bool:
+    """`train.steps`: a section's field without `=` (a preset file ends in .yaml, or exists)."""
+    return "." in a and a.split(".", 1)[0] in SECTIONS and not a.endswith((".yaml", ".yml")) and not Path(a).exists()
+
+
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    """(preset, overrides) of the positional arguments; an override missing its `=` is not taken for a preset."""
     preset = None
     overrides = []
     for a in args:
         if "=" in a:
             overrides.append(a)
-        elif preset is None:
+        elif preset is None and not _bare_field(a):
             preset = a
         else:
             raise ConfigError(f"unexpected argument {a!r}; overrides look like section.field=value")
@@ -78,7 +90,8 @@ def cmd_train(ns) -> int:
         return 0  # rank 0 reports the run
     print(f"\nrun folder: {run.path}")
     if run.interrupted:
-        print(f"interrupted; continue with: tinyrl train --resume {run.path}")
+        print(f"interrupted; continue with: tinyrl train --resume {run.path}" if run.resumable else
+              "interrupted before the first checkpoint: nothing can be resumed; start the run again")
         return 130
     if run.eval_before is not None or run.eval_after is not None:
         fmt = lambda x: "  n/a" if x is None else f"{100 * x:5.1f}%"  # noqa: E731
@@ -189,15 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         ns.args = list(ns.args) + extra
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return ns.fn(ns)
+        with StopSignals():  # SIGTERM, like Ctrl-C, ends a command with its message (training defers it to a step's end)
+            return ns.fn(ns)
     except USER_ERRORS as e:
         print(f"tinyrl: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full or read-only disk, a path that is a file, a run folder in use
         print(f"tinyrl: error: {_os_error_text(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # outside the training loop (which checkpoints and returns on its own)
-        print("tinyrl: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # outside the training loop (which checkpoints and returns on its own): start-up
+        print("tinyrl: interrupted before training started; nothing was saved (a new run folder is removed, "
+              "a resumed one is as it was)" if ns.fn in (cmd_train, cmd_sft) else "tinyrl: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as e:
         if "out of memory" in str(e).lower():

@@ -4,6 +4,8 @@ A metric name means one quantity, and a quantity that was not measured is absent
 never 0. Token statistics count the tokens the policy sampled (`Rollouts.action_mask`): tool
 observations spliced into an agent's completion are not the policy's and never count.
 
+    reward_excluded_frac       samples of the trained batch without a usable reward (a failed or
+                               non-finite reward); 1.0: the step had nothing to learn from
     entropy, entropy_p10/p90   token entropy of the policy before the update, over the loss tokens
     rollout_trainer_k3         KL(rollout engine || trainer) per token (k3) on those tokens: the
     rollout_trainer_maxdiff    stale-weights canary (the engine must sample from the trained weights)
@@ -30,18 +32,20 @@ def step_metrics(state, lr: float, batch, first, last, extra: dict, dt: float, t
     """`state` is the trainer's `TrainerState` after the step; `first` is the first pass over the batch
     (the sampling policy's logprobs and entropies), `last` the last (its loss stats: clip fractions are
     0 by construction with one pass)."""
-    valid = ~torch.isnan(batch.rewards)
+    rewards = batch.rewards.double()  # float64: the mean and std of huge finite rewards (1e38) stay finite
+    valid = ~torch.isnan(rewards)
     action = batch.action_mask.float()
     n_act = float(action.sum())
     out = {
         "step": state.step,
-        "reward_mean": float(batch.rewards[valid].mean()) if valid.any() else None,
-        "reward_std": float(batch.rewards[valid].std()) if valid.sum() > 1 else None,
-        **{f"reward/{k}": float(torch.nanmean(v)) for k, v in batch.reward_components.items()},
+        "reward_mean": float(rewards[valid].mean()) if valid.any() else None,
+        "reward_std": float(rewards[valid].std()) if valid.sum() > 1 else None,
+        "reward_excluded_frac": float((~valid).double().mean()) if len(rewards) else None,  # 1.0: nothing learned
+        **{f"reward/{k}": float(torch.nanmean(v.double())) for k, v in batch.reward_components.items()},
         "loss": last.stats.get("loss", float("nan")),
         **{k: v for k, v in last.stats.items() if k not in ("loss", "entropy")},
         "grad_norm": first.grad_norm,
-        "skipped_nonfinite": bool(first.skipped or last.skipped),
+        "skipped_nonfinite": bool((first.skipped and not first.overflow) or (last.skipped and not last.overflow)),
         "skipped_steps_total": state.skipped_steps,
         "skipped_no_signal": bool(last.no_signal),
         "update_rows_skipped_frac": 1.0 - first.rows.numel() / max(first.num_rows, 1),
@@ -50,6 +54,8 @@ def step_metrics(state, lr: float, batch, first, last, extra: dict, dt: float, t
         "lr": lr,
         "micro_batch_now": state.micro_batch,
         "oom_retries_total": state.oom_retries,
+        **({"loss_scale": state.loss_scale, "loss_scale_overflow": bool(first.overflow or last.overflow)}
+           if state.loss_scale != 1 else {}),  # fp16 training only
         "step_time": dt,
         "gen_time": t_gen,
         "tokens_per_s": n_act / dt if dt > 0 else 0.0,

@@ -39,6 +39,7 @@ import signal
 import socket
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class Run:
     adapter: Path | None = None
     alarms: list[dict] = field(default_factory=list)
     interrupted: bool = False
+    resumable: bool = True  # an interrupted run whose folder holds a checkpoint to continue from
 
 
 class RunFolderError(OSError):
@@ -200,6 +202,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_LOCKED: weakref.WeakSet = weakref.WeakSet()  # RunDirs this process holds locked
+
+
+def _drop_locks_in_child() -> None:
+    """In a forked child (the rewards' process): close its copies of the lock descriptors, untouched
+    (no LOCK_UN, no truncation: the parent still holds the lock). A child that kept them would keep the
+    folder locked after its parent let it go (flock belongs to the open file, which a fork shares)."""
+    for run in list(_LOCKED):
+        fd, run._lock_fd = run._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _forget_locks_in_forks(run: "RunDir") -> None:
+    if hasattr(os, "register_at_fork") and not getattr(_drop_locks_in_child, "registered", False):
+        os.register_at_fork(after_in_child=_drop_locks_in_child)
+        _drop_locks_in_child.registered = True
+    _LOCKED.add(run)
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -210,7 +235,8 @@ class RunDir:
     def create(root: str, name: str, config: dict) -> "RunDir":
         """A new run folder `root/name` (or `name-<time>[-k]` when taken), locked, with config.yaml."""
         root_path = Path(root)
-        if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        parts = Path(name).parts if name else ()
+        if not parts or Path(name).is_absolute() or ".." in parts:  # '.' has no part: it is the run_dir itself
             raise ConfigError(f"log.name: must be a folder name inside log.run_dir, got {name!r}")
         try:
             root_path.mkdir(parents=True, exist_ok=True)
@@ -236,8 +262,13 @@ class RunDir:
         else:
             raise RunFolderError(errno.EEXIST, f"cannot find a free run folder name for {base}")
         run = RunDir(path)
-        run.lock()
-        atomic_write_text(path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        try:
+            run.lock()
+            atomic_write_text(path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        except BaseException:  # a full disk, or a Ctrl-C / SIGTERM right here: no half-made folder stays
+            run.unlock()
+            shutil.rmtree(path, ignore_errors=True)
+            raise
         return run
 
     # ------------------------------------------------------------------ one writer
@@ -281,6 +312,7 @@ class RunDir:
             os.close(fd)
             raise _folder_error(e, "lock", path) from e
         self._lock_fd = fd
+        _forget_locks_in_forks(self)
 
     def unlock(self) -> None:
         """Release the folder (the lock file stays, emptied; a process that dies releases it too)."""
@@ -379,6 +411,7 @@ class RunDir:
         in, and deleted after: at every moment one complete checkpoint of the step exists
         (or is restored by `recover`)."""
         final = self.ckpt_dir / f"{CKPT_PREFIX}{step:06d}"
+        self._finish_pruning()  # what an earlier save, stopped by a signal while pruning, left
         try:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=self.ckpt_dir, prefix=f".tmp-{final.name}-"))
@@ -408,14 +441,28 @@ class RunDir:
         os.rename(tmp, final)
         _fsync_dir(self.ckpt_dir)
         _kill_point("checkpoint-renamed")
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-        for old in self.checkpoints()[:-keep_last]:  # renamed out of sight first: never seen half-deleted
-            doomed = self.ckpt_dir / f"{_DOOMED}{old.name}-{os.getpid()}{time.monotonic_ns()}"
-            os.rename(old, doomed)
-            _kill_point("checkpoint-pruning")
-            shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
+            for old in self.checkpoints()[:-keep_last]:  # renamed out of sight first: never seen half-deleted
+                doomed = self.ckpt_dir / f"{_DOOMED}{old.name}-{os.getpid()}{time.monotonic_ns()}"
+                os.rename(old, doomed)
+                _kill_point("checkpoint-pruning")
+                shutil.rmtree(doomed, ignore_errors=True)
+        finally:  # a Ctrl-C / SIGTERM landing in a deletion (the new checkpoint is complete): finish it
+            self._finish_pruning()
         return final
+
+    def _finish_pruning(self) -> None:
+        """Delete what a save renamed out of sight to delete, whatever stopped it: a pruned checkpoint
+        (`.del-*`), a replaced one whose replacement is complete (`.old-*`). Never a checkpoint."""
+        if not self.ckpt_dir.is_dir():
+            return
+        for p in self.ckpt_dir.iterdir():
+            replaced = p.name.startswith(_ASIDE + CKPT_PREFIX) and \
+                (self.ckpt_dir / p.name[len(_ASIDE):].rsplit("-", 1)[0]).is_dir()
+            if p.name.startswith(_DOOMED) or replaced:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _read_lock(fd: int) -> dict:

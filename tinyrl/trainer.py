@@ -20,7 +20,6 @@ same `Rollouts`, with tool observations marked in `observation_mask`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 import time
@@ -38,7 +37,7 @@ from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
 from tinyrl.checkpoint import CheckpointData
-from tinyrl.config import RunConfig, config_from_dict
+from tinyrl.config import RunConfig, with_fields
 from tinyrl.data import PromptSource
 from tinyrl.distributed import Dist
 from tinyrl.errors import ResumeError, StaleWeightsError
@@ -49,7 +48,7 @@ from tinyrl.rewards.core import RewardSet, score_rollouts
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import Run, RunDir
 from tinyrl.stop import StopSignals
-from tinyrl.update import UpdateResult, policy_update, score
+from tinyrl.update import UpdateResult, initial_loss_scale, next_loss_scale, policy_update, score
 
 log = logging.getLogger("tinyrl")
 
@@ -66,6 +65,8 @@ class TrainerState:
     micro_batch: int = 0  # completions per forward/backward; halved on an out-of-memory error
     rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
     oom_retries: int = 0
+    loss_scale: float = 1.0  # fp16 training: the dynamic loss scale (halved on an overflow, doubled when stable)
+    scaled_steps: int = 0  # optimiser steps since the loss scale last changed
     # dotted config field -> value, set by the monitor's automatic actions: applied over the run's
     # config on every resume, never written to config.yaml (they are the run's, not the user's)
     config_patches: dict[str, Any] = field(default_factory=dict)
@@ -99,7 +100,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.scheduler = checkpoint.make_scheduler(self.optimizer, cfg.train, cfg.algo.num_iterations)
         self.monitor = Monitor(cfg.monitor)
-        self.state = TrainerState(micro_batch=cfg.train.micro_batch_size)
+        self.state = TrainerState(micro_batch=cfg.train.micro_batch_size, loss_scale=initial_loss_scale(cfg))
         self._in_step = False
         log.info("algo: %s", {k: v for k, v in vars(cfg.algo).items() if v is not None})
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
@@ -143,10 +144,13 @@ class Trainer:
                 self.save_checkpoint()
                 log.warning("interrupted at step %d: checkpoint saved; continue with `tinyrl train --resume %s`",
                             st.step, self.run.path)
-            else:  # a second Ctrl-C inside a step: the step's state is half-applied, keep the last checkpoint
-                log.warning("aborted inside step %d: continue from the last checkpoint with `tinyrl train "
-                            "--resume %s`", st.step + 1, self.run.path)
-            return Run(self.run.path, self.run.metrics(), st.eval_before, interrupted=True, alarms=self.monitor.fired)
+            else:  # a second Ctrl-C inside a step: the step's state is half-applied, nothing of it is saved
+                last = self.run.latest_checkpoint()
+                log.warning("aborted inside step %d: %s", st.step + 1, f"continue from {last.name} with `tinyrl "
+                            f"train --resume {self.run.path}`" if last else "no checkpoint was saved before it, "
+                            "so nothing can be resumed; start the run again")
+            return Run(self.run.path, self.run.metrics(), st.eval_before, interrupted=True, alarms=self.monitor.fired,
+                       resumable=self.run.latest_checkpoint() is not None)
         finally:
             stop.__exit__()
             for w in outs.values():
@@ -294,8 +298,10 @@ class Trainer:
             if it == 0:
                 first = last
                 batch.old_logprobs = last.logprobs  # fixed for the later passes over this batch
-            self.state.skipped_steps += last.skipped
+            self.state.skipped_steps += last.skipped and not last.overflow
             self.state.no_signal_steps += last.no_signal
+            st = self.state
+            st.loss_scale, st.scaled_steps = next_loss_scale(st.loss_scale, st.scaled_steps, last)
         return first, last
 
     def measure_update(self, batch: Rollouts, first: UpdateResult) -> dict:
@@ -341,7 +347,7 @@ class Trainer:
                 return policy_update(self.model, self.optimizer, batch, cfg.algo, temperature=cfg.rollout.temperature,
                                      micro_batch=st.micro_batch, max_grad_norm=cfg.train.max_grad_norm,
                                      max_len=cfg.rollout.max_new_tokens, score_rest=score_rest,
-                                     dist=self.dist)  # [dist]
+                                     dist=self.dist, loss_scale=st.loss_scale)  # [dist]
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 if torch.cuda.is_available():
@@ -373,7 +379,7 @@ class Trainer:
         if action.rollback:
             return self.rollback()
         self.state.config_patches.update(action.patch)
-        self.cfg = patched(self.base_cfg, self.state.config_patches)  # the loss reads cfg.algo: one source
+        self.cfg = with_fields(self.base_cfg, self.state.config_patches)  # the loss reads cfg.algo: one source
         return action.message
 
     def rollback(self) -> str:
@@ -463,7 +469,7 @@ class Trainer:
             raise ResumeError(f"the adapter in {path} lacks {len(missing)} LoRA tensors of this model "
                               f"(e.g. {missing[0]}): it was trained on another base or target_modules")
         self.state = TrainerState(**{"micro_batch": self.cfg.train.micro_batch_size, **state["trainer"]})
-        self.cfg = patched(self.base_cfg, self.state.config_patches)  # the monitor's actions, kept
+        self.cfg = with_fields(self.base_cfg, self.state.config_patches)  # the monitor's actions, kept
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         ranks, d = state.get("rng_ranks") or [state["rng"]], self.dist
@@ -477,17 +483,6 @@ class Trainer:
         self.engine.sync(self.model)  # the engine samples from the restored adapter
         self.monitor.load_state_dict(state["monitor"])
         self.rewards.total_failures = dict(state["reward_failures"])
-
-
-def patched(cfg: RunConfig, patch: dict[str, Any]) -> RunConfig:
-    """`cfg` with dotted fields set (`{"algo.epsilon_high": 0.28}`), built and checked like any config."""
-    if not patch:
-        return cfg
-    data = cfg.to_dict()
-    for key, value in patch.items():
-        section, name = key.split(".", 1)
-        data[section][name] = value
-    return dataclasses.replace(config_from_dict(data), model=cfg.model)  # model: `auto` stays as decided
 
 
 def _progress(cfg: RunConfig, start: int):

@@ -37,6 +37,8 @@ def run(code, tests=TESTS, **kw):
     r = run_tests(code, tests, limits=kw.pop("limits", FAST), **kw)
     if os.geteuid() == 0:  # nothing of the sandbox survives the run
         assert uid_processes(r.isolation.get("uid", -1)) == []
+    if r.status == "error" and (r.load_error or "").startswith("refused") and not kw.get("weak_isolation"):
+        pytest.skip(f"no mount namespace here, so the sandbox refuses to run: {r.isolation}")
     return r
 
 
@@ -218,6 +220,66 @@ def test_monkeypatching_assert_and_the_runner():
     assert_zero(run(attacks[-1], grader_check, entry_point="add"))
 
 
+FORGE_REPORTS = (  # knows the grader's literals (5, 0, 30), computes nothing, writes "passed" everywhere
+    "import json, os\n"
+    "lines = [json.dumps({'i': i, 'v': v, 'ok': True}) for i, v in enumerate((5, 0, 30))] + ['{\"done\": true}']\n"
+    "lines += [json.dumps({'p': ln, 'm': '0' * 64}) for ln in lines]  # the signed form, without the key\n"
+    "for fd in range(3, 256):\n"
+    "    for ln in lines:\n"
+    "        try:\n"
+    "            os.write(fd, (ln + '\\n').encode())\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "def add(a, b):\n    return None\n")
+
+
+def test_a_forged_report_does_not_pass():
+    """Code that knows the expected literals writes passing reports on every descriptor it can reach
+    (the old, unsigned form and the signed form without the key): the worker holds neither the report
+    pipe nor the per-run key, and the host verifies every line, so nothing it writes counts."""
+    assert_zero(run(FORGE_REPORTS))
+    assert_zero(run(FORGE_REPORTS, [{"input": "", "output": "5"}]))  # stdin/stdout checks too
+
+
+PATCHES = [
+    # the grader's builtins: sorted() made to return the expected literal
+    ("import builtins\nbuiltins.sorted = lambda *a, **k: [2, 4]\ndef twice(x):\n    return x\n",
+     ["assert sorted(twice([2, 1])) == [2, 4]"]),
+    # the harness's reporting: every failed check reported as passed (json.dumps patched)
+    ("import json\n_dumps = json.dumps\n"
+     "json.dumps = lambda m, *a, **k: _dumps({'i': m['i'], 'ok': True} if isinstance(m, dict) and 'err' in m else m)\n"
+     "def twice(x):\n    return x\n",
+     ["for x in range(1, 4):\n    assert twice(x) == 2 * x"]),
+    # AssertionError swapped for a class the harness's `except` does not expect, and a lying __eq__
+    # in a comparison with no literal side
+    ("import builtins\nbuiltins.AssertionError = type('Fine', (Exception,), {})\n"
+     "class Eq:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+     "def twice(x):\n    return Eq()\n",
+     ["two = 2", "assert twice(2) == two * 2", "for x in range(3):\n    assert twice(x) == x + x"]),
+]
+
+
+@pytest.mark.parametrize("attack, tests", PATCHES, ids=["builtins", "harness", "assert-and-eq"])
+def test_patching_the_interpreter_does_not_pass_a_check(attack, tests):
+    """The grader's steps run in the judge, another interpreter: what the code patches in its own
+    (builtins, json, AssertionError, __eq__) cannot change how a check is evaluated or reported."""
+    assert_zero(run(attack, tests))
+    assert run(attack.rsplit("def twice", 1)[0] + "def twice(x):\n    return 2 * x if not isinstance(x, list) "
+               "else [2 * v for v in x]\n", tests).score == 1.0  # the same checks pass honest code
+
+
+def test_without_a_mount_namespace_it_refuses_unless_weak_isolation_is_allowed(caplog):
+    """The fallback would let the code read the host's world-readable files and write its world-writable
+    folders: by default nothing runs there (status "error": the sample is excluded, not scored 0) and a
+    warning names the opt-in."""
+    with caplog.at_level("WARNING", logger="tinyrl.rewards.sandbox"):
+        r = run_tests(GOOD, TESTS, limits=FAST, namespaces=False)
+    assert r.status == "error" and r.score == 0.0 and r.load_error.startswith("refused: no mount namespace")
+    assert "weak_isolation" in r.load_error and not r.output
+    if os.geteuid() == 0:  # as root the fallback still has a uid of its own: allowed, it runs
+        assert run(GOOD, namespaces=False, weak_isolation=True).score == 1.0
+
+
 def test_huge_output():
     t0 = time.monotonic()
     assert_zero(run("while True:\n    print('spam' * 1000)\n" + GOOD), "output_limit")
@@ -284,7 +346,7 @@ def test_sysv_ipc_does_not_reach_the_host(namespaces):
         pytest.skip("without namespaces only root can give the code its own uid")
     before = host_ipc_keys()
     try:
-        r = run(IPC_ATTACK + GOOD, namespaces=namespaces)
+        r = run(IPC_ATTACK + GOOD, namespaces=namespaces, weak_isolation=not namespaces)
         leaked = {k for k in host_ipc_keys() - before if k[1] == IPC_KEY}
         assert leaked == set(), f"the sandbox left SysV IPC objects on the host: {leaked} ({r})"
         if namespaces and r.isolation.get("mount"):
@@ -360,7 +422,7 @@ def test_unix_sockets_on_the_host_are_unreachable(host_sockets, namespaces):
     paths, socks = host_sockets
     assert paths
     code = SOCKET_ATTACK.replace("PATHS", repr(paths)) + GOOD
-    r = run(code, namespaces=namespaces)
+    r = run(code, namespaces=namespaces, weak_isolation=not namespaces)
     assert_zero(r, "load_error")
     if r.isolation.get("mount"):  # hidden (/run, /dev, /tmp) or covered by /dev/null (/var/tmp): no socket left to find
         assert r.output.splitlines()[0] == "[]", r.output
@@ -402,14 +464,14 @@ def test_without_namespaces_limits_and_uid_still_hold(host_files):
     tmp_path, victim, secret = host_files
     daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
               "print(os.getcwd())\n" + GOOD)
-    r = run(daemon, namespaces=False)  # run() checks that no process of the uid is left
+    r = run(daemon, namespaces=False, weak_isolation=True)  # run() checks that no process of the uid is left
     assert r.score == 1.0 and not any(r.isolation[k] for k in ("net", "mount", "pid"))
     assert r.output.strip().startswith(tempfile.gettempdir()) and not os.path.exists(r.output.strip())
     for attack in (f"open({str(victim)!r}, 'w').write('pwned')\n", f"open({str(secret)!r}).read()\n",
                    "import os\nos.kill(1, 9)\n"):
-        assert_zero(run(attack + GOOD, namespaces=False), "load_error")
+        assert_zero(run(attack + GOOD, namespaces=False, weak_isolation=True), "load_error")
     assert_zero(run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                    limits=LOOP, namespaces=False))
+                    limits=LOOP, namespaces=False, weak_isolation=True))
 
 
 # --- the reward -------------------------------------------------------------------------------

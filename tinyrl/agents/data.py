@@ -28,6 +28,8 @@ from tinyrl.agents.prompts import normalize_question
 def read_rows(path: str | Path) -> list[dict]:
     """Rows of a .jsonl / .jsonl.gz / .parquet file."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; give the .jsonl, .jsonl.gz or .parquet file in it")
     if not path.is_file():
         raise FileNotFoundError(f"file not found: {path}")
     if path.suffix == ".parquet":

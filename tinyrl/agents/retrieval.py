@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from tinyrl.errors import ConfigError  # a user error (a ValueError): the CLI prints it as one paragraph
+
 log = logging.getLogger("tinyrl.agents")
 NO_RESULTS = "No results."
 
@@ -56,13 +58,17 @@ def read_corpus(path: str | Path) -> list[dict]:
         for i, line in enumerate(f):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "contents" not in row:
-                raise ValueError(f"{path}: row {i} has no 'contents' field (Search-R1 corpus format: "
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{path}, line {i + 1}: not valid JSON ({e}); agent.corpus must be a "
+                                  f"Search-R1-format jsonl file") from None
+            if not isinstance(row, dict) or "contents" not in row:
+                raise ConfigError(f"{path}: row {i} has no 'contents' field (Search-R1 corpus format: "
                                  f'{{"id": ..., "contents": "\\"Title\\"\\ntext"}})')
             docs.append({"id": str(row.get("id", i)), "contents": row["contents"]})
     if not docs:
-        raise ValueError(f"{path}: the corpus is empty")
+        raise ConfigError(f"{path}: the corpus is empty")
     return docs
 
 
@@ -114,7 +120,7 @@ class DenseRetriever:
         if index_path is not None:
             self.index = faiss.read_index(str(index_path))
             if self.index.ntotal != len(docs):
-                raise ValueError(f"agent.index: {index_path} holds {self.index.ntotal} vectors, "
+                raise ConfigError(f"agent.index: {index_path} holds {self.index.ntotal} vectors, "
                                  f"the corpus {len(docs)} documents")
         else:
             emb = self.encoder.encode([passage_prefix + d["contents"] for d in docs], batch_size=batch_size,
@@ -135,6 +141,7 @@ def _bm25s():
         import bm25s
     except ImportError as e:
         raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl[agents]'") from e
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG: keep its notes quiet
     return bm25s
 
 
@@ -164,12 +171,12 @@ def get_retriever(kind: str, corpus: str | Path, model: str | None = None, index
             ret = BM25Retriever(read_corpus(_existing(corpus, "agent.corpus")))
     elif kind == "dense":
         if model is None:
-            raise ValueError("agent.retriever 'dense' needs agent.retriever_model: a local sentence-transformers "
+            raise ConfigError("agent.retriever 'dense' needs agent.retriever_model: a local sentence-transformers "
                              "model directory (e.g. a copy of intfloat/e5-base-v2) or a hub id")
         ret = DenseRetriever(read_corpus(_existing(corpus, "agent.corpus")), model,
                              _existing(index, "agent.index") if index else None)
     else:
-        raise ValueError(f"agent.retriever: must be 'bm25' or 'dense', got {kind!r}")
+        raise ConfigError(f"agent.retriever: must be 'bm25' or 'dense', got {kind!r}")
     _CACHE[key] = ret
     return ret
 
@@ -198,8 +205,8 @@ def corpus_of(agent_cfg, task) -> str:
     """The run's corpus: `agent.corpus`, else the task's own (the shipped search world)."""
     corpus = getattr(agent_cfg, "corpus", None) or getattr(task, "corpus", None)
     if corpus is None:
-        raise ValueError("agent.corpus: the search tool needs a corpus (a Search-R1-format jsonl file); "
-                         "this task has none of its own")
+        raise ConfigError("agent.corpus: the search tool needs a corpus (a Search-R1-format jsonl file, or a "
+                          "bm25s index folder); this task has none of its own: set agent.corpus=PATH")
     return str(corpus)
 
 

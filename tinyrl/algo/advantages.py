@@ -7,11 +7,20 @@ advantage 0. Sequence-level estimators return [N]; token-level ones return [N, T
     >>> r = torch.tensor([1., 0., 0., 1.]); g = torch.tensor([0, 0, 1, 1])
     >>> ESTIMATORS["dr_grpo"](AdvantageInputs(r, g, scale="none")).advantages
     tensor([ 0.5000, -0.5000, -0.5000,  0.5000])
+
+Every estimator in `ESTIMATORS` computes in float64 and hands its advantages back in the rewards'
+dtype: finite rewards as large as float32 holds (1e38) keep finite means, stds and whitening (in
+float32 their squares overflow to inf and the advantages collapse to 0).
+
+    >>> huge = torch.tensor([1e38, 2e38, 2e38, 1e38])
+    >>> ESTIMATORS["grpo"](AdvantageInputs(huge, g, scale="batch")).advantages
+    tensor([-0.8660,  0.8660,  0.8660, -0.8660])
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -136,12 +145,26 @@ def reinforce_pp_baseline(x: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(masked_whiten(_token_outcome(x, centered), m), *_summary(x.rewards, x.group))
 
 
+def in_float64(estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Callable[[AdvantageInputs], AdvantageOutput]:
+    """`estimator` run on float64 rewards and KL, its advantages returned in the rewards' dtype."""
+
+    @functools.wraps(estimator)
+    def run(x: AdvantageInputs) -> AdvantageOutput:
+        kl = None if x.kl is None else x.kl.double()
+        out = estimator(replace(x, rewards=x.rewards.double(), kl=kl))
+        return replace(out, advantages=out.advantages.to(x.rewards.dtype))
+
+    return run
+
+
 TOKEN_REWARD_ESTIMATORS = frozenset({"reinforce_pp"})  # estimators that fold a per-token KL into the rewards
 
 ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-    "reinforce_pp_baseline": reinforce_pp_baseline,
+    name: in_float64(fn) for name, fn in {
+        "grpo": grpo,
+        "dr_grpo": dr_grpo,
+        "rloo": rloo,
+        "reinforce_pp": reinforce_pp,
+        "reinforce_pp_baseline": reinforce_pp_baseline,
+    }.items()
 }

@@ -22,7 +22,17 @@ from tinyrl.config.presets import (
     read_preset,
     resolve_recipe,
 )
-from tinyrl.config.resolve import Resolved, check_names, config_changes, config_from_dict, dotted, load_config, resolve
+from tinyrl.config.resolve import (
+    Resolved,
+    check_names,
+    config_changes,
+    config_from_dict,
+    decide_dtype,
+    dotted,
+    load_config,
+    resolve,
+    with_fields,
+)
 from tinyrl.config.schema import (
     AlgoConfig,
     DataConfig,
@@ -45,4 +55,4 @@ __all__ = ["DEFAULT_PRESET", "AgentConfig", "AlgoConfig", "ConfigError", "DataCo
            "LoraConfig", "ModelConfig", "MonitorConfig", "Resolved", "RewardConfig", "RewardSpec", "RolloutConfig",
            "RunConfig", "SFTConfig", "SelfImproveConfig", "TrainConfig", "apply_overrides", "apply_recipe", "build",
            "check", "check_names", "config_changes", "config_from_dict", "dotted", "list_presets", "load_config",
-           "load_yaml", "parse_override", "preset_layers", "read_preset", "resolve", "resolve_recipe"]
+           "load_yaml", "parse_override", "preset_layers", "read_preset", "resolve", "resolve_recipe", "decide_dtype", "with_fields"]

@@ -9,13 +9,15 @@ and passes its `Resolved` on; nothing downstream reads a preset again. Resolutio
 2. builds it field by field (`tinyrl.config.coerce`), each section checking its own values, then
    checks every name that points into a registry (`check_names`: tasks, advantage estimators,
    loss aggregations, agent formats and tools, methods) without importing what they name;
-3. decides the `auto` settings (model.gradient_checkpointing: tinyrl.planner.checkpointing) once,
-   for the device this process runs on.
+3. checks the run against its model and this device, once, before any run folder exists
+   (tinyrl.planner.preflight): refuses a completion budget beyond the model's context and a planned
+   peak above the device's memory, and decides the `auto` settings (model.gradient_checkpointing).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +31,9 @@ from tinyrl.config.coerce import build, check
 from tinyrl.config.presets import apply_overrides, apply_recipe, preset_layers
 from tinyrl.config.schema import RunConfig
 from tinyrl.errors import ConfigError
+from tinyrl.hardware import BF16_FROM, compute_dtype, cuda_capability
 from tinyrl.methods.registry import METHODS
-from tinyrl.planner import checkpointing
+from tinyrl.planner import preflight
 from tinyrl.runs import RunDir
 from tinyrl.tasks import TASKS
 
@@ -127,9 +130,33 @@ def resolve(preset: str | Path | None = None, profile: str | None = None, overri
         cfg = config_from_dict(data)
         written, path = cfg.to_dict(), None
         name = cfg.log.name or name
-    if decide_auto:
-        cfg = checkpointing.resolve(cfg)  # model.gradient_checkpointing auto: the run's memory plan decides
+    if decide_auto:  # the process that trains: `auto` decided, a run that cannot work refused (no folder yet)
+        cfg = preflight.check(decide_dtype(cfg))  # model.dtype auto first: the plan depends on it
     return Resolved(name, cfg, written, path, overrides)
+
+
+def decide_dtype(cfg: RunConfig, capability: int | None | str = "this process") -> RunConfig:
+    """`cfg` with model.dtype auto decided for a card of `capability` (default: this process's; None: a
+    CPU), logged with why; any other dtype as given."""
+    if cfg.model.dtype != "auto":
+        return cfg
+    cc = cuda_capability() if capability == "this process" else capability
+    dtype = compute_dtype(cc)
+    why = "a CPU" if cc is None else f"sm_{cc}" + ("" if cc >= BF16_FROM else ", which has no bf16")
+    log.info("model.dtype auto -> %s (%s)", dtype, why)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+
+
+def with_fields(cfg: RunConfig, patch: dict[str, Any]) -> RunConfig:
+    """`cfg` with dotted fields set (`{"algo.epsilon_high": 0.28}`: the monitor's actions), built and
+    checked like any config; its model section (its `auto` settings decided) is kept as it is."""
+    if not patch:
+        return cfg
+    data = cfg.to_dict()
+    for key, value in patch.items():
+        section, name = key.split(".", 1)
+        data[section][name] = value
+    return dataclasses.replace(config_from_dict(data), model=cfg.model)
 
 
 def config_changes(before: dict, after: dict, prefix: str = "") -> dict[str, tuple]:

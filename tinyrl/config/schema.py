@@ -23,7 +23,9 @@ from tinyrl.config.schema_monitor import MonitorConfig
 @dataclass
 class ModelConfig:
     name: str = "tiny-arith"  # a built-in model name, a local path, or a hub id
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # auto: float32 on a CPU, bfloat16 on a card that has it (sm_80+), float16 below (a T4); decided once
+    # per run (tinyrl.config.resolve), logged at start
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     load_in_4bit: bool = False  # QLoRA: nf4 base weights through bitsandbytes
     backend: Literal["transformers", "unsloth"] = "transformers"
     gguf_file: Optional[str] = None  # load this GGUF file of `name` (transformers `gguf_file=`)
@@ -135,6 +137,7 @@ class DataConfig:
     def validate(self, p: str) -> None:
         if self.task == "jsonl":
             check(self.path is not None, f"{p}.path", "is required when data.task is 'jsonl'")
+            check(not Path(self.path).is_dir(), f"{p}.path", f"{self.path} is a folder; give the .jsonl file in it")
             check(Path(self.path).is_file(), f"{p}.path", f"file not found: {self.path}")
         check(self.num_train >= 1, f"{p}.num_train", f"must be >= 1, got {self.num_train}")
         check(self.num_eval >= 0, f"{p}.num_eval", f"must be >= 0, got {self.num_eval}")
@@ -154,9 +157,14 @@ class RewardConfig:
     functions: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("task")])
     combine: Literal["sum", "normalize_then_sum", "sum_then_normalize"] = "sum"
     # Seconds one call of one reward function may take (a call scores a whole batch); past it, the
-    # call's samples score None (excluded) and the call is counted. null: no limit (the reward then
-    # runs on the main thread, for rewards that need it, e.g. ones that install signal handlers).
+    # call's samples score None (excluded) and the call is counted. null: no limit.
     timeout: Optional[float] = 300.0
+    # Call the rewards in a process of their own, forked from the trainer once per run, so that
+    # os._exit, a segfault in a native extension or a runaway allocation ends the reward call (its
+    # samples excluded and counted), not the run; a call past the timeout is killed there. false: in
+    # the trainer's process (a reward that runs a model on the CUDA card, which a fork cannot share;
+    # with timeout null it then runs on the main thread, e.g. for rewards that install signal handlers).
+    isolate: bool = True
 
     def validate(self, p: str) -> None:
         check(len(self.functions) >= 1, f"{p}.functions", "needs at least one reward function")
@@ -180,6 +188,10 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
     eval_before_after: bool = True  # held-out accuracy before and after training
+    # A run whose planned peak memory (the plan `tinyrl plan` prints) is above this device's memory is
+    # refused at start, naming the fields to lower and the largest values that fit. true: start it anyway
+    # (for a planner that overestimates your case; the run may then end in an out-of-memory error).
+    ignore_memory_plan: bool = False
 
     def validate(self, p: str) -> None:
         check(self.steps >= 0, f"{p}.steps", f"must be >= 0, got {self.steps}")
@@ -205,10 +217,20 @@ class LogConfig:
         check(self.samples_per_step >= 0, f"{p}.samples_per_step", f"must be >= 0, got {self.samples_per_step}")
         name = self.name
         if name is not None:
-            parts = Path(name).parts
-            check(bool(name.strip()) and not Path(name).is_absolute() and ".." not in parts and "." not in parts
-                   and "\\" not in name, f"{p}.name",
-                   f"must be a folder name inside log.run_dir (no '..', no absolute path), got {name!r}")
+            check(inside_run_dir(name), f"{p}.name",
+                   f"must be a folder name inside log.run_dir (not '.', no '..', no absolute path), got {name!r}")
+
+
+def inside_run_dir(name: str) -> bool:
+    """Whether `name` names a folder strictly inside log.run_dir: not empty, not absolute, no '..', and
+    not '.' (or './.'), which Path reduces to no part at all: the run_dir itself.
+
+    >>> [inside_run_dir(n) for n in ("a", "a/b", "./a", ".", "./.", "", "../a", "/a")]
+    [True, True, True, False, False, False, False, False]
+    """
+    parts = Path(name).parts
+    return bool(name.strip()) and bool(parts) and not Path(name).is_absolute() and ".." not in parts \
+        and "\\" not in name
 
 
 @dataclass

@@ -50,7 +50,8 @@ def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
         summaries.append({"stage": name, "folder": str(folder.relative_to(run_dir.path)), **summary})
         if result is not None and result.interrupted:
             _write(run_dir, summaries, interrupted=True)
-            return Run(run_dir.path, [], summaries[0].get("eval_before"), None, interrupted=True, alarms=alarms)
+            return Run(run_dir.path, [], summaries[0].get("eval_before"), None, interrupted=True, alarms=alarms,
+                       resumable=result.resumable or len(summaries) > 1)  # a finished stage is kept
         adapter = str(folder / "adapter")
     final = run_dir.path / "adapter"
     shutil.rmtree(final, ignore_errors=True)

@@ -92,7 +92,7 @@ class Summary:
     steps: int = 0  # optimiser steps (grpo, sft), iterations (rest_em, star), every stage's (chain)
     eval_before: float | None = None  # held-out greedy pass@1 before training (None: not measured)
     eval_after: float | None = None
-    interrupted: bool = False  # stopped by a signal; resumable
+    interrupted: bool = False  # stopped by a signal, with a checkpoint to resume from (else `error` says why not)
     error: str | None = None  # what stopped the run, when something did
     alarms: list[str] = field(default_factory=list)  # monitor alarms that fired (names)
     reward_failures: dict[str, int] = field(default_factory=dict)  # samples a reward function failed on
@@ -130,7 +130,8 @@ def sampling_params(cfg, task) -> SamplingParams:
 
 
 def reward_set(cfg, task) -> RewardSet:
-    return RewardSet(cfg.reward.functions, task, cfg.reward.combine, timeout=cfg.reward.timeout)
+    return RewardSet(cfg.reward.functions, task, cfg.reward.combine, timeout=cfg.reward.timeout,
+                     isolate=cfg.reward.isolate)
 
 
 def task_rows(cfg, tokenizer, engine=None, train: bool = True):

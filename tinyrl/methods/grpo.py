@@ -60,8 +60,11 @@ def build(cfg, run: RunDir, resume: bool = False) -> Trainer:
 
 def summary(trainer: Trainer, result: Run | None, error: str | None) -> Summary:
     st = trainer.state
+    if result and result.interrupted and not result.resumable:
+        error = f"aborted inside step {st.step + 1} before any checkpoint: nothing to resume"
     return Summary("grpo", st.step, st.eval_before, result.eval_after if result else None,
-                   bool(result and result.interrupted), error, [a["name"] for a in trainer.monitor.fired],
+                   bool(result and result.interrupted and result.resumable), error,
+                   [a["name"] for a in trainer.monitor.fired],
                    dict(trainer.rewards.total_failures),
                    {"skipped_steps": st.skipped_steps, "no_signal_steps": st.no_signal_steps,
                     "config_patches": st.config_patches})

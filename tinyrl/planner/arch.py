@@ -30,7 +30,7 @@ class Arch:
     vocab_size: int  # V
     tie_word_embeddings: bool
     qkv_bias: bool = False  # Qwen2: biases on q/k/v (not o)
-    max_positions: int = 32768
+    max_positions: int = 32768  # the context (max_position_embeddings); 0: its config.json does not say
     source: str = ""  # where the numbers came from
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
@@ -96,7 +96,7 @@ def from_config(cfg: dict, name: str = "", source: str = "") -> Arch:
         intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-        max_positions=cfg.get("max_position_embeddings") or 32768, source=source)
+        max_positions=cfg.get("max_position_embeddings") or 0, source=source)
 
 
 def _qwen(name, H, L, nh, kv, I, V, tied, src):

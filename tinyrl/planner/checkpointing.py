@@ -14,7 +14,8 @@ start stays off too (checkpointing would not lower that peak). The device's memo
 cannot read), it stays off and says so. `true` / `false` in a preset are used as given.
 
 The rule is `tinyrl.planner.plan.checkpointing_pays`, beside plan_config (which plans "auto" with it,
-so `tinyrl plan` shows what a run will do); this module applies it where a run starts (`resolve`).
+so `tinyrl plan` shows what a run will do); this module applies it where a run starts (`resolve`, called by
+tinyrl.planner.preflight, which also refuses a run that cannot fit).
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ def device_memory(device: str) -> int:
     return host_memory()
 
 
-def resolve(cfg, device: str | None = None):
-    """`cfg` with model.gradient_checkpointing a bool: "auto" decided by the rule, logged with why."""
+def resolve(cfg, device: str | None = None, prompt_tokens: int | None = None):
+    """`cfg` with model.gradient_checkpointing a bool: "auto" decided by the rule, logged with why
+    (`prompt_tokens`: the run's measured prompt length; None: the task's typical one)."""
     if cfg.model.gradient_checkpointing != "auto":
         return cfg
     import torch  # lazy, as above
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        cfg, line = decide(cfg, device, device_memory(device), int(os.environ.get("WORLD_SIZE", 1)))
+        cfg, line = decide(cfg, device, device_memory(device), int(os.environ.get("WORLD_SIZE", 1)), prompt_tokens)
     except Exception as e:  # noqa: BLE001 - an unplannable run trains as it would without the rule
         cfg, line = with_checkpointing(cfg, False), checkpointing_line(False, f"the run could not be planned ({e})")
     log.info("%s", line)

@@ -33,11 +33,18 @@ def parse_memory(text: str) -> int:
 
     >>> parse_memory("24GB") == 24 * 2**30, parse_memory("512MiB") == 512 * 2**20
     (True, True)
+    >>> parse_memory("0")
+    Traceback (most recent call last):
+    ...
+    tinyrl.errors.ConfigError: --gpu-mem '0': must be a size above 0, like 24GB, 16GiB or 23034MiB
     """
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"--gpu-mem {text!r}: expected a size like 24GB, 16GiB or 23034MiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:  # a plan of a card with no memory divides by zero; nothing fits on it anyway
+        raise ConfigError(f"--gpu-mem {text!r}: must be a size above 0, like 24GB, 16GiB or 23034MiB")
+    return n
 
 
 def gpu_bytes(name: str) -> int:

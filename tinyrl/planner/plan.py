@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field, replace
 
 from tinyrl.planner import memory as M
@@ -19,6 +20,11 @@ from tinyrl.planner.prompts import measure_prompt_tokens
 log = logging.getLogger("tinyrl.planner")
 SLACK = 0.10  # CUDA caching-allocator fragmentation: reserved over allocated (typical 5-15%)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_bytes(dtype: str, device: str) -> int:
+    """Bytes per weight of `model.dtype`; auto is float32 on a CPU and a 16-bit type on any card."""
+    return DTYPE_BYTES[dtype] if dtype != "auto" else (4 if device == "cpu" else 2)
 EVAL_BATCH = 64  # tinyrl.evaluation.accuracy: held-out prompts per engine call
 TYPICAL_PROMPT_TOKENS = {"gsm8k": 256, "arithmetic": 8, "reasoning_gym": 96, "jsonl": 256}
 
@@ -65,7 +71,7 @@ def setup_from_config(cfg, device: str, world_size: int = 1, prompt_tokens: int 
     impl = cfg.algo.loss_impl
     impl = ("triton" if device == "cuda" else "torch") if impl == "auto" else impl
     return M.Setup(
-        arch=arch, device=device, dtype_bytes=DTYPE_BYTES[cfg.model.dtype], load_in_4bit=cfg.model.load_in_4bit,
+        arch=arch, device=device, dtype_bytes=dtype_bytes(cfg.model.dtype, device), load_in_4bit=cfg.model.load_in_4bit,
         lora_r=cfg.lora.r, targets=M.resolve_targets(cfg.lora.target_modules, arch),
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         prompts=-(-cfg.train.prompts_per_step // world_size), generations=cfg.rollout.num_generations,
@@ -84,8 +90,7 @@ def _persistent(s: M.Setup) -> list[Row]:
     where = " (shared with vLLM: one copy)" if shared else ""
     kind = "nf4 + double quant" if s.load_in_4bit else f"{8 * s.dtype_bytes}-bit"
     rows = [Row(f"base weights: linears ({kind}){where}", w["linears"], "always"),
-            Row("base weights: embeddings" + (" (fp32: peft's k-bit cast)" if s.load_in_4bit else ""),
-                w["embeddings"], "always")]
+            Row("base weights: embeddings", w["embeddings"], "always")]
     if w["lm_head"]:
         rows.append(Row("base weights: lm_head", w["lm_head"], "always"))
     rows.append(Row("base weights: norms, biases", w["norms+biases"], "always"))
@@ -185,9 +190,9 @@ def _notes(p: Plan) -> list[str]:
     s, out = p.setup, []
     if s.load_in_4bit:
         w = M.weight_bytes(s)
-        fp32 = w["embeddings"] + w["lm_head"] + w["norms+biases"]
-        out.append(f"QLoRA: peft's prepare_model_for_kbit_training keeps embeddings/lm_head/norms in fp32 "
-                   f"({fp32 / M.GiB:.2f} GiB, half of it avoidable) and makes the activations fp32")
+        kept = w["embeddings"] + w["lm_head"] + w["norms+biases"]
+        out.append(f"QLoRA: embeddings/lm_head/norms stay {8 * s.dtype_bytes}-bit ({kept / M.GiB:.2f} GiB; peft's "
+                   f"k-bit preparation would cast them to fp32) and so do the activations")
     if s.engine == "vllm" and s.device == "cuda" and p.phases.get("startup", 0) > p.phases["update"]:
         out.append("startup is the peak: the trainer's base copy and vLLM's share coexist until sharing")
     return out
@@ -253,27 +258,30 @@ def _default_util(cfg) -> float:
 
 
 def largest(s: M.Setup, budget: int, knob: str, hi: int | None = None) -> int | None:
-    """The largest value of `knob` (micro_batch | generations | new_tokens) whose plan fits, or None."""
+    """The largest value of `knob` (micro_batch | generations | prompts | new_tokens) whose plan fits, or None."""
     def fits(v: int) -> bool:
         t = replace(s, **{knob: v})
         if knob == "micro_batch" and t.rows % v:
             return False
         return build(t, budget).fits
 
-    if knob == "micro_batch":
-        ok = [v for v in range(1, s.rows + 1) if s.rows % v == 0 and fits(v)]
+    if knob == "micro_batch":  # the divisors of the rows, found up to their square root
+        small = [v for v in range(1, math.isqrt(s.rows) + 1) if s.rows % v == 0]
+        ok = [v for v in sorted(set(small + [s.rows // v for v in small])) if fits(v)]
         return max(ok) if ok else None
-    if knob == "generations":
-        ok = [g for g in range(2, (hi or 256) + 1) if (s.prompts * g) % s.micro_batch == 0]
-        lo, best = 0, None
-        while lo < len(ok):  # plans grow with G: the last fitting one, by bisection
-            mid = (lo + len(ok)) // 2
-            if fits(ok[mid]):
-                best, lo = ok[mid], mid + 1
+    if knob in ("generations", "prompts"):  # the rows (prompts x generations) must split into micro-batches:
+        other = s.prompts if knob == "generations" else s.generations  # the multiples of q do
+        q = s.micro_batch // math.gcd(other, s.micro_batch)
+        first, top = (2, hi or 256) if knob == "generations" else (1, hi or s.prompts)
+        lo, hi_, best = -(-first // q), top // q, None  # multiples q*j, j in [lo, hi_]
+        while lo <= hi_:  # plans grow with G (and B): the last fitting one, by bisection
+            mid = (lo + hi_) // 2
+            if fits(q * mid):
+                best, lo = q * mid, mid + 1
             else:
-                ok = ok[:mid]
+                hi_ = mid - 1
         return best
-    top = hi or max(1, s.arch.max_positions - s.prompt_tokens)
+    top = hi or max(1, (s.arch.max_positions or 32768) - s.prompt_tokens)
     lo, hi_ = 0, top
     while lo < hi_:
         mid = (lo + hi_ + 1) // 2

@@ -10,8 +10,19 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def _offline():
+    """Offline for what runs inside, and only for that. huggingface_hub reads HF_HUB_OFFLINE once, when it
+    is first imported: imported here first with the environment as it was, and its flag set and restored
+    around the block, so that a run which plans its prompts (every run: tinyrl.planner.preflight) does
+    not stay offline afterwards."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        constants = None
     old = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    old_flag = getattr(constants, "HF_HUB_OFFLINE", None)
     os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if constants is not None:
+        constants.HF_HUB_OFFLINE = True
     try:
         yield
     finally:
@@ -20,6 +31,8 @@ def _offline():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if constants is not None:
+            constants.HF_HUB_OFFLINE = old_flag
 
 
 def _local_tokenizer(cfg_model):

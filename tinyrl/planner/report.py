@@ -88,7 +88,7 @@ def budget_for(cfg, gpu: str | None, gpu_mem: str | None, profile: str | None) -
         card = gpus.PROFILE_GPUS[profile]
         return "cuda", gpus.GPUS[card], f"{card} (profile {profile})"
     here = this_machine()
-    if here[0] == "cpu" and (cfg.rollout.engine == "vllm" or cfg.model.dtype != "float32"):
+    if here[0] == "cpu" and (cfg.rollout.engine == "vllm" or cfg.model.dtype not in ("float32", "auto")):
         return "cuda", gpus.GPUS["L4"], "a 24 GB card (L4; no --gpu given)"
     return here
 

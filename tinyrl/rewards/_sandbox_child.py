@@ -11,14 +11,19 @@ then, while still trusted:
    could not enter that holds Python's own library) under empty read-only tmpfs with
    Python's import paths bound back, gives it a minimal /dev, covers the host's sockets,
    and mounts a fresh tmpfs on /tmp as the working directory,
-3. becomes PID 1 of the new PID namespace (the supervisor) and forks the worker, which
-   sets rlimits, drops to the sandbox uid (or drops all capabilities in a user
-   namespace), sets no_new_privs, installs the seccomp filter, and only then runs the
-   untrusted code and the checks.
+3. becomes PID 1 of the new PID namespace (the supervisor), refuses to go on without a mount
+   namespace unless the job allows weak isolation, and forks the worker, which closes the
+   report pipe and the key pipe, sets rlimits, drops to the sandbox uid (or drops all
+   capabilities in a user namespace), sets no_new_privs, installs the seccomp filter, and
+   only then runs the untrusted code, answering the judge's calls;
+4. reads the per-run key (only now: the worker never had it in memory) and forks the judge
+   (`_sandbox_judge.py`), which drops its privileges too, becomes non-dumpable, and evaluates
+   the grader's steps in its own interpreter, calling into the worker for plain data.
 
-Each result is one JSON line on the report pipe. The first line ("ready") is written
-before any untrusted code runs, so the parent can trust what it says about isolation.
-The supervisor enforces the wall-clock limit, then kills everything that is left.
+Each result is one JSON line on the report pipe, signed with the key (HMAC-SHA256); the host
+ignores any line it cannot verify. The first line ("ready") is written before any untrusted
+code runs, so the parent can trust what it says about isolation. The supervisor enforces the
+wall-clock limit, then kills everything that is left.
 """
 
 import builtins
@@ -29,21 +34,22 @@ import signal
 import sys
 import time
 
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 24, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 24, 36, 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _load_lockdown():
+def _load_lockdown(name: str):
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_lockdown.py")
-    spec = importlib.util.spec_from_file_location("_sandbox_lockdown", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-lockdown = _load_lockdown()
+lockdown = _load_lockdown("_sandbox_lockdown")
+judging = _load_lockdown("_sandbox_judge")
 _check, mount = lockdown.check, lockdown.mount
 
 
@@ -69,7 +75,7 @@ def _unshare(job: dict) -> dict:
     return got
 
 
-def _drop_privileges(job: dict, iso: dict) -> None:
+def _drop_privileges(job: dict, iso: dict, uid: int) -> None:
     import resource
 
     lim = job["limits"]
@@ -81,7 +87,7 @@ def _drop_privileges(job: dict, iso: dict) -> None:
         resource.setrlimit(res, (value, value))
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if iso["root"]:
-        uid, gid = job["uid"], job["gid"]
+        gid = uid
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
@@ -102,25 +108,6 @@ def _drop_privileges(job: dict, iso: dict) -> None:
         iso["seccomp_error"] = why
 
 
-def _encode(v, depth: int = 0):
-    """Plain data only, by exact type (a subclass with a lying __eq__ does not pass)."""
-    if depth > 50:
-        raise ValueError("value nested too deeply")
-    t = type(v)
-    if v is None or t in (bool, int, float, str):
-        return v
-    if t in (list, tuple, set, frozenset):
-        items = [_encode(x, depth + 1) for x in v]
-        return {{list: "L", tuple: "T", set: "S", frozenset: "F"}[t]: items}
-    if t is dict:
-        return {"D": [[_encode(k, depth + 1), _encode(x, depth + 1)] for k, x in v.items()]}
-    if t is bytes:
-        return {"B": v.hex()}
-    if t is complex:
-        return {"C": [v.real, v.imag]}
-    raise TypeError(f"a {t.__name__} is not plain data")
-
-
 def _run_io(code, stdin: str) -> str:
     """Run `code` as a script on `stdin`; its stdout (a clean exit via sys.exit(0) is fine)."""
     import io
@@ -138,35 +125,55 @@ def _run_io(code, stdin: str) -> str:
     return out
 
 
-def _run(job: dict, say) -> None:
-    """The untrusted part: the model's code, then the grader's steps, each result reported."""
+def _answer(value, handles: dict, limit: int) -> dict:
+    """A value as the judge gets it: plain data (up to `limit` bytes of JSON), or a handle the judge can
+    call or ask for attributes (and which equals nothing)."""
+    try:
+        enc = judging.encode(value)
+        if len(json.dumps(enc)) <= limit:
+            return {"v": enc}
+    except (TypeError, ValueError, RecursionError):
+        pass
+    handles[len(handles) + 1] = value
+    return {"h": len(handles), "name": type(value).__name__}
+
+
+def _serve(job: dict, ch) -> None:
+    """The untrusted part: load the model's code, then answer the judge's calls until it is done.
+
+    Whatever the code does to this interpreter, what leaves it is plain data on `ch`: the values
+    its functions return. It holds no report pipe and no key."""
     ns = {"__name__": "solution", "__builtins__": builtins}
+    handles: dict = {}
+    limit = int(job["limits"]["value_bytes"])
     try:
         code = compile(job["code"], "solution.py", "exec")
         if not job.get("io"):
             exec(code, ns)  # noqa: S102
     except BaseException as e:  # noqa: BLE001 (SystemExit included: exiting early fails)
         _flush()
-        say({"load_error": f"{type(e).__name__}: {e}"[:300]})
+        ch.send({"load_error": f"{type(e).__name__}: {e}"[:300]})
         return
-    for step in job["steps"]:
-        i = step.get("i")
+    names = {}
+    for name, value in list(ns.items()):
+        if not name.startswith("__"):
+            names[name] = _answer(value, handles, 1 << 16)
+    _flush()  # what it printed reaches the host before the judge can say "done"
+    ch.send({"loaded": names})
+    while True:
+        req = ch.recv()
         try:
-            if step["kind"] in ("eval", "io"):
-                value = eval(step["src"], ns) if step["kind"] == "eval" else _run_io(code, step["src"])  # noqa: S307
-                line = json.dumps({"i": i, "v": _encode(value)})
-                if len(line) > job["limits"]["value_bytes"]:
-                    raise ValueError("value too large")
-                say(line)
+            if "call" in req:
+                args, kwargs = judging.decode(req["args"], handles), judging.decode(req["kwargs"], handles)
+                reply = _answer(handles[req["call"]](*args, **kwargs), handles, limit)
+            elif "getattr" in req:
+                reply = _answer(getattr(handles[req["getattr"]], str(req["name"])), handles, limit)
             else:
-                exec(step["src"], ns)  # noqa: S102
-                if i is not None:
-                    say({"i": i, "ok": True})
-        except BaseException as e:  # noqa: BLE001
-            if i is not None:
-                say({"i": i, "err": f"{type(e).__name__}: {e}"[:200]})
-    _flush()
-    say({"done": True})
+                reply = _answer(_run_io(code, req["io"]), handles, limit)
+        except BaseException as e:  # noqa: BLE001 (the solution's exception, SystemExit included)
+            reply = {"raise": [type(e).__name__, str(e)[:200]]}
+        _flush()
+        ch.send(reply)
 
 
 def _flush() -> None:
@@ -178,10 +185,15 @@ def _flush() -> None:
             pass
 
 
+_REAPED: dict = {}  # pid -> wait status of the children already reaped while waiting for another
+
+
 def _wait(pid: int, wall_s: float) -> int:
     """Wait for `pid` up to `wall_s` (reaping any orphan handed to us); kill it at the deadline."""
     deadline = time.monotonic() + wall_s
     while True:
+        if pid in _REAPED:
+            return _REAPED.pop(pid)
         try:
             done, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -189,7 +201,8 @@ def _wait(pid: int, wall_s: float) -> int:
         if done == pid:
             return status
         if done:
-            continue  # an orphan of the worker (we are PID 1 of the namespace)
+            _REAPED[done] = status  # the other child, or an orphan of the worker (we are PID 1 of the namespace)
+            continue
         if time.monotonic() >= deadline:
             os.kill(pid, signal.SIGKILL)
             return os.waitpid(pid, 0)[1]
@@ -215,24 +228,16 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     rep = job["report_fd"]
-
-    def say(msg) -> None:
-        line = msg if isinstance(msg, str) else json.dumps(msg)
-        try:
-            os.write(rep, (line + "\n").encode())
-        except OSError:  # the host stopped reading (it has what it needs)
-            pass
-
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     root, host_uid = os.geteuid() == 0, os.getuid()
-    child = {"pid": 0}  # the process a SIGTERM from the host should kill (PID 1 of the namespace, or the worker)
+    child = {"pids": []}  # what a SIGTERM from the host should kill (PID 1 of the namespace, or worker and judge)
 
     def stop(signum, frame):  # the host is done with us: end the run now, cleanly
-        try:
-            if child["pid"]:
-                os.kill(child["pid"], signal.SIGKILL)
-        except OSError:  # it has already ended
-            pass
+        for pid in child["pids"]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # it has already ended
+                pass
 
     signal.signal(signal.SIGTERM, stop)
     sockets = lockdown.host_unix_sockets()  # read in the host's network namespace, before leaving it
@@ -241,11 +246,11 @@ def main() -> None:
     iso["uid"] = job["uid"] if root else host_uid
     uid, gid = (job["uid"], job["gid"]) if root else (0, 0) if iso["userns"] else (os.getuid(), os.getgid())
     if iso["pid"]:
-        child["pid"] = os.fork()
-        if child["pid"]:  # the outer process waits for PID 1 of the new namespace, whose exit ends them all
-            os.waitpid(child["pid"], 0)
+        pid1 = os.fork()
+        if pid1:  # the outer process waits for PID 1 of the new namespace, whose exit ends them all
+            child["pids"] = [pid1]
+            os.waitpid(pid1, 0)
             os._exit(0)
-        child["pid"] = 0
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if iso["mount"]:
         try:
@@ -264,26 +269,61 @@ def main() -> None:
             __import__(name)
         except Exception:
             pass
+    if job.get("require_mount") and not iso["mount"]:  # weak isolation was not allowed: run nothing
+        say = judging.signer(_read_key(job["key_fd"]), rep)
+        say({"ready": iso, "fatal": "refused: no mount namespace here, so the code would read your world-readable "
+                                    "files and write world-writable folders (allow it with weak_isolation=True)"})
+        os._exit(0)
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no child can reach into this process (ptrace, /proc/<pid>/fd)
+    limit = int(job["limits"]["value_bytes"]) + 4096
+    req_r, req_w = os.pipe()  # judge -> worker: the calls
+    resp_r, resp_w = os.pipe()  # worker -> judge: plain data
     worker = os.fork()
-    if worker == 0:
+    if worker == 0:  # never holds the report pipe or the key (not yet read: it is not in this memory)
+        for fd in (rep, job["key_fd"], req_w, resp_r):
+            os.close(fd)
+        ch = judging.Channel(req_r, resp_w, limit)
+        mine: dict = {"root": iso["root"]}
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.setpgid(0, 0)
-            _drop_privileges(job, iso)
+            _drop_privileges(job, mine, job["uid"])
             signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # writing past the file limit ends the run
+        except BaseException as e:  # noqa: BLE001
+            ch.send({"ready": {}, "fatal": f"{type(e).__name__}: {e}"})
+            os._exit(1)
+        ch.send({"ready": mine})  # before any untrusted code runs
+        try:
+            _serve(job, ch)
+        except judging.Gone:  # the judge is done
+            pass
+        _flush()
+        os._exit(0)
+    os.close(req_r)
+    os.close(resp_w)
+    say = judging.signer(_read_key(job["key_fd"]), rep)
+    judge = os.fork()
+    if judge == 0:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _drop_privileges(job, {"root": iso["root"]}, job["judge_uid"])
+            _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")  # after the uid change, which resets it
         except BaseException as e:  # noqa: BLE001
             say({"ready": iso, "fatal": f"{type(e).__name__}: {e}"})
             os._exit(1)
-        say({"ready": iso})
-        _run(job, say)
+        judging.run(job, judging.Channel(resp_r, req_w, limit), say, iso)
         os._exit(0)
+    os.close(resp_r)
+    os.close(req_w)
     if not iso["pid"]:
-        child["pid"] = worker
+        child["pids"] = [worker, judge]
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the worker come to us, to be reaped
-    status = _wait(worker, float(job["limits"]["wall_s"]))
+    _wait(judge, float(job["limits"]["wall_s"]))  # it ends after "done", or once the worker is gone
+    status = _wait(worker, 0.5)  # ends when the judge's pipe closes; killed otherwise
     say({"worker_exit": os.waitstatus_to_exitcode(status)})
     if root and not iso["pid"]:
-        _reap_uid(job["uid"])
+        for u in (job["uid"], job["judge_uid"]):
+            _reap_uid(u)
     elif not iso["pid"]:
         try:
             os.killpg(worker, signal.SIGKILL)
@@ -298,6 +338,17 @@ def main() -> None:
             break
     os._exit(0)
 
+
+def _read_key(fd: int) -> bytes:
+    """The per-run key the host wrote to its own pipe, read once the worker exists (and cannot have it)."""
+    key = b""
+    while len(key) < 32:
+        chunk = os.read(fd, 32 - len(key))
+        if not chunk:
+            break
+        key += chunk
+    os.close(fd)
+    return key
 
 if __name__ == "__main__":
     main()

@@ -44,7 +44,8 @@ def extract_code(completion, fenced_only: bool = True) -> str | None:
 
 
 def run_completions(codes: list[str | None], tests: list, entry_points: list | None = None,
-                    limits: Limits | None = None, workers: int | None = None) -> list[SandboxResult | None]:
+                    limits: Limits | None = None, workers: int | None = None,
+                    weak_isolation: bool = False) -> list[SandboxResult | None]:
     """One sandbox run per completion, `workers` at a time (None where there was no code)."""
     entry_points = entry_points or [None] * len(codes)
     workers = workers or max(1, min(4, os.cpu_count() or 1))
@@ -53,7 +54,7 @@ def run_completions(codes: list[str | None], tests: list, entry_points: list | N
         if not codes[k] or not codes[k].strip():
             return None
         try:
-            return run_tests(codes[k], tests[k], entry_points[k], limits)
+            return run_tests(codes[k], tests[k], entry_points[k], limits, weak_isolation=weak_isolation)
         except (SyntaxError, ValueError, TypeError, KeyError) as e:  # the grader's tests do not parse
             log.warning("code_tests: row %d: cannot read its tests (%s: %s); sample excluded", k, type(e).__name__, e)
             return SandboxResult("error", [], load_error=f"bad tests: {e}")
@@ -65,8 +66,11 @@ def run_completions(codes: list[str | None], tests: list, entry_points: list | N
 def code_tests_reward(prompts: list, completions: list, tests: list | None = None, entry_point: list | None = None,
                       partial: bool = True, fenced_only: bool = True, tests_column: str = "tests",
                       cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512, workers: int | None = None,
-                      **columns) -> list[float | None]:
+                      weak_isolation: bool = False, **columns) -> list[float | None]:
     """Fraction of the grader's tests the completion's code passes, run in the sandbox.
+
+    On a host without mount namespaces the sandbox refuses to run (every sample None, with a warning)
+    unless `weak_isolation=True` (a preset's `kwargs: {weak_isolation: true}`): see docs/rewards.md.
 
     >>> code_tests_reward(["Write add."] * 2, ["```python\\ndef add(a, b):\\n    return a + b\\n```",
     ...                                      "```python\\ndef add(a, b):\\n    return a - b\\n```"],
@@ -76,7 +80,7 @@ def code_tests_reward(prompts: list, completions: list, tests: list | None = Non
     tests = tests if tests is not None else columns[tests_column]
     codes = [extract_code(c, fenced_only) for c in completions]
     limits = Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb)
-    results = run_completions(codes, tests, entry_point, limits, workers)
+    results = run_completions(codes, tests, entry_point, limits, workers, weak_isolation)
     out: list[float | None] = []
     for r in results:
         if r is None:

@@ -6,13 +6,17 @@ A reward function is `f(prompts, completions, **columns) -> list[float | None]`,
 gets only the columns it names. A reward that is not callable, does not take
 `completions`, or is given `kwargs` its signature does not accept fails at load.
 
-Rewards never crash a run. A call that raises (SystemExit included), returns something
-that is not one number per completion (a dict, a 2-D list or array, the wrong length), or
-runs past the timeout scores NaN for the whole call; a sample scored None, NaN, +-inf or a
-non-number scores NaN alone. Every such failure is counted (`RewardReport.failures`, per
-component) and logged (the first few per component, then every 100th); a NaN total is
-excluded from advantages and from the loss, and never written to metrics as a number.
-Ctrl-C (KeyboardInterrupt) still stops the run.
+Rewards never crash a run. They are called in a process of their own, forked from the
+trainer once (`tinyrl.rewards.isolation`; `reward.isolate: false` calls them in the trainer's
+process instead), so that `os._exit`, a segfault in a native extension or a runaway allocation
+ends the reward call, not the run. A call that raises (SystemExit included), ends its process,
+returns something that is not one number per completion (a dict, a 2-D list or array, the
+wrong length), or runs past the timeout scores NaN for the whole call; a sample scored None,
+NaN, +-inf, a non-number or a number beyond float32's range scores NaN alone. Every such
+failure is counted (`RewardReport.failures`, per component) and logged (the first few per
+component, then every 100th); a NaN total is excluded from advantages and from the loss, and
+never written to metrics as a number. Totals are combined in float64. A batch with no usable
+reward at all is said. Ctrl-C (KeyboardInterrupt) still stops the run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from tinyrl.errors import RewardImportError
 from tinyrl.registry import Registry, load_object
+from tinyrl.rewards.isolation import CAN_FORK, RewardProcess
 
 log = logging.getLogger("tinyrl.rewards")
 
@@ -128,17 +133,15 @@ TIMEOUT = _Timeout()
 def call_with_timeout(fn, kwargs: dict, timeout: float | None) -> tuple[str, Any]:
     """Run `fn(**kwargs)`: ("ok", value), ("error", exception) or ("timeout", TIMEOUT).
 
-    With a timeout the call runs in a fresh daemon thread and the caller waits at most
-    `timeout` seconds. Threads, not processes, because a reward is any Python callable:
-    closures, partials, bound methods and lambdas do not pickle, a reward may hold state
-    (a cache, a model) that must stay in this process, and a batch's columns would be
-    copied to another process on every call. The cost: Python cannot kill a thread, so a
-    call that times out is left running in the background as a daemon thread (it dies
-    with the process; if it returns later its result is dropped). Verifiers that need a
-    real kill run their work in `tinyrl.rewards.pool.TimeoutPool` or the code sandbox.
-    A reward that must run on the main thread (one that installs signal handlers, such
-    as math-verify with its own timeouts on) needs `timeout=None`: it is then called
-    directly, with no timeout.
+    The in-process path (`reward.isolate: false`, for a reward that must share this
+    process: a model on its CUDA card, state the trainer reads). With a timeout the call
+    runs in a fresh daemon thread and the caller waits at most `timeout` seconds. Python
+    cannot kill a thread, so a call that times out is left running in the background as a
+    daemon thread (it dies with the process; if it returns later its result is dropped).
+    A reward that must run on the main thread (one that installs signal handlers) needs
+    `timeout=None` here: it is then called directly, with no timeout. (The default, the
+    rewards' own process, calls every reward on that process's main thread and kills it
+    at the timeout.)
 
     SystemExit and every other exception from the reward come back as ("error", e);
     KeyboardInterrupt is raised again here (Ctrl-C stops the run, wherever it lands).
@@ -194,11 +197,15 @@ def as_values(out, n: int) -> list:
     return out
 
 
-def to_score(v) -> float:
-    """One sample's score as a float; NaN for None, NaN, +-inf, a string or anything that is not a number.
+FLOAT32_MAX = 3.4028234663852886e38  # rewards are float32 tensors: a larger magnitude would become inf there
 
-    >>> [to_score(x) for x in (1, True, 0.5, None, float("inf"), "1.0")]
-    [1.0, 1.0, 0.5, nan, nan, nan]
+
+def to_score(v) -> float:
+    """One sample's score as a float; NaN for None, NaN, +-inf, a number beyond float32's range (it
+    would be inf in the rewards tensor), a string or anything that is not a number.
+
+    >>> [to_score(x) for x in (1, True, 0.5, None, float("inf"), "1.0", 2e38, 1e39)]
+    [1.0, 1.0, 0.5, nan, nan, nan, 2e+38, nan]
     """
     if v is None or isinstance(v, (str, bytes)):
         return math.nan
@@ -206,7 +213,26 @@ def to_score(v) -> float:
         f = float(v)
     except (TypeError, ValueError, OverflowError):
         return math.nan
-    return f if math.isfinite(f) else math.nan
+    return f if abs(f) <= FLOAT32_MAX else math.nan  # NaN and +-inf fail the test too
+
+
+def outcome(fn, kwargs: dict, n: int) -> tuple[list[float], tuple | None]:
+    """`fn(**kwargs)` as n scores, and (how many, first index, its value's repr) of the samples that scored
+    no number (None when all did). Raises what the reward raises, or ValueError for a wrong shape."""
+    values = as_values(fn(**kwargs), n)
+    scores = [to_score(v) for v in values]
+    bad = [k for k, f in enumerate(scores) if math.isnan(f)]
+    return scores, (len(bad), bad[0], repr(values[bad[0]])[:200]) if bad else None
+
+
+def reply(fn, kwargs: dict, n: int) -> tuple[str, Any]:
+    """`outcome` as the rewards' process sends it back: ("ok", outcome), ("error", text) or ("interrupt", None)."""
+    try:
+        return "ok", outcome(fn, kwargs, n)
+    except KeyboardInterrupt:
+        return "interrupt", None
+    except BaseException as e:  # noqa: BLE001 (SystemExit included: a reward must never end the run)
+        return "error", f"{type(e).__name__}: {e}"[:2000]
 
 
 def reward_name(spec_name: str) -> str:
@@ -224,12 +250,14 @@ class RewardReport:
 class RewardSet:
     """The run's weighted reward components. Call it on a Rollouts to fill its rewards.
 
-    `timeout`: seconds one call of one reward may take (None: no limit, called on this
-    thread); see `call_with_timeout`."""
+    `timeout`: seconds one call of one reward may take (None: no limit). `isolate`: call the
+    rewards in their own process (see `tinyrl.rewards.isolation`; past the timeout it is killed);
+    False: in this process, on a thread (None: on this thread), see `call_with_timeout`."""
 
     LOG_FIRST, LOG_EVERY = 3, 100  # failures logged per component: the first few, then every 100th
 
-    def __init__(self, specs, task=None, combine: str = "sum", timeout: float | None = DEFAULT_TIMEOUT):
+    def __init__(self, specs, task=None, combine: str = "sum", timeout: float | None = DEFAULT_TIMEOUT,
+                 isolate: bool = True):
         self.components: list[tuple[str, RewardFn, float]] = []
         for spec in specs:
             name = reward_name(spec.name)
@@ -240,6 +268,8 @@ class RewardSet:
             self.components.append((name, resolve_reward(spec.name, task, spec.kwargs), spec.weight))
         self.combine = combine
         self.timeout = timeout
+        self.isolate = isolate and CAN_FORK  # call the rewards in their own process (tinyrl.rewards.isolation)
+        self._process: RewardProcess | None = None
         self.total_failures: dict[str, int] = {c[0]: 0 for c in self.components}
         self._failed_calls: dict[str, int] = {}
 
@@ -253,39 +283,61 @@ class RewardSet:
             col_lists["completion_ids"] = completion_ids
         report = RewardReport()
         comps: dict[str, torch.Tensor] = {}
-        for name, fn, _ in self.components:
-            comps[name] = self._call(name, fn, prompts, completions, col_lists, n, report)
+        process = self._reward_process()
+        for k, (name, fn, _) in enumerate(self.components):
+            comps[name] = self._call(name, k, fn, process, prompts, completions, col_lists, n, report)
         total = self._combine(comps)
         report.excluded = int(torch.isnan(total).sum())
         for k, v in report.failures.items():
             self.total_failures[k] = self.total_failures.get(k, 0) + v
         return total, comps, report
 
-    def _call(self, name, fn, prompts, completions, col_lists, n, report) -> torch.Tensor:
+    def _reward_process(self) -> RewardProcess | None:
+        """The process the components are called in (forked at the first call; again for new components)."""
+        if not self.isolate:
+            return None
+        fns = [fn for _, fn, _ in self.components]
+        if self._process is None or self._process.fns != fns:
+            if self._process is not None:
+                self._process.close()
+            self._process = RewardProcess(fns, reply)
+        return self._process
+
+    def close(self) -> None:
+        """End the rewards' process (it also ends with this object, and with the trainer's process)."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+
+    def _call(self, name, k, fn, process, prompts, completions, col_lists, n, report) -> torch.Tensor:
         kwargs = {"prompts": prompts, "completions": completions, **col_lists}
         accepted = _accepted_kwargs(fn)
         if accepted is not None:
-            kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-        status, out = call_with_timeout(fn, kwargs, self.timeout)
-        try:
+            kwargs = {key: v for key, v in kwargs.items() if key in accepted}
+        if process is not None:
+            status, out = process.run(k, kwargs, n, self.timeout)  # ("ok", reply) | ("error", text) | ("timeout", _)
+            if status == "ok":
+                status, out = out
+                if status == "interrupt":  # the reward raised KeyboardInterrupt itself: it stops the run, as ever
+                    raise KeyboardInterrupt
+            left = "its process was stopped"
+        else:
+            status, out = call_with_timeout(outcome, {"fn": fn, "kwargs": kwargs, "n": n}, self.timeout)
+            out = f"{type(out).__name__}: {out}" if status == "error" else out
+            left = "left running in a background thread"
+        if status != "ok":
             if status == "timeout":
                 report.timeouts[name] = 1
-                raise TimeoutError(f"did not return within reward.timeout={self.timeout:g} s (left running "
-                                   f"in a background thread)")
-            if status == "error":
-                raise out
-            values = as_values(out, n)
-        except BaseException as e:  # noqa: BLE001 (a reward must never stop the run; KeyboardInterrupt never gets here)
+                out = f"TimeoutError: did not return within reward.timeout={self.timeout:g} s ({left})"
             report.failures[name] = n
-            report.errors[name] = f"{type(e).__name__}: {e}"
-            self._log(name, "reward %r failed on the whole batch (%s); %d samples excluded", name, report.errors[name], n)
+            report.errors[name] = out
+            self._log(name, "reward %r failed on the whole batch (%s); %d samples excluded", name, out, n)
             return torch.full((n,), float("nan"))
-        vals = [to_score(v) for v in values]
-        bad = [k for k, f in enumerate(vals) if math.isnan(f)]
+        vals, bad = out
         if bad:
-            report.failures[name] = len(bad)
-            self._log(name, "reward %r: %d of %d samples scored no finite number (e.g. sample %d: %r); excluded",
-                      name, len(bad), n, bad[0], values[bad[0]])
+            report.failures[name] = bad[0]
+            self._log(name, "reward %r: %d of %d samples scored no finite number (e.g. sample %d: %s); excluded",
+                      name, bad[0], n, bad[1], bad[2])
         return torch.tensor(vals, dtype=torch.float32)
 
     def _log(self, name: str, msg: str, *args) -> None:
@@ -297,25 +349,40 @@ class RewardSet:
             log.warning(msg + "%s", *args, more)
 
     def _combine(self, comps: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The weighted total (float32), computed in float64: huge finite rewards keep finite statistics;
+        a total beyond float32's range is excluded (NaN) and said."""
         total = None
         for name, _, weight in self.components:
-            v = comps[name]
+            v = comps[name].double()
             if self.combine == "normalize_then_sum":
                 ok = ~torch.isnan(v)
                 if ok.sum() > 1:
                     v = (v - v[ok].mean()) / (v[ok].std() + 1e-6)
             total = weight * v if total is None else total + weight * v  # NaN propagates: excluded
+        if total is None:
+            return torch.zeros(0)
         if self.combine == "sum_then_normalize":
             ok = ~torch.isnan(total)
             if ok.sum() > 1:
                 total = (total - total[ok].mean()) / (total[ok].std() + 1e-6)
-        return total
+        over = total.abs() > FLOAT32_MAX
+        if over.any():
+            total = torch.where(over, torch.full_like(total, math.nan), total)
+            self._log("(total)", "the weighted reward total of %d of %d samples is beyond float32's range "
+                      "(|total| > 3.4e38); excluded", int(over.sum()), len(total))
+        return total.float()
 
 
 def score_rollouts(rollouts, rewards: RewardSet) -> tuple[Any, RewardReport]:
-    """Fill `rollouts.rewards` and `rollouts.reward_components`; return (rollouts, report)."""
+    """Fill `rollouts.rewards` and `rollouts.reward_components`; return (rollouts, report). A batch in which
+    no sample has a usable reward teaches nothing: that is said (rate-limited), with what failed."""
     ids = [row[m.bool()].tolist() for row, m in zip(rollouts.completion_ids, rollouts.completion_mask)]
     total, comps, report = rewards.score(rollouts.prompts, rollouts.completions, rollouts.columns, ids)
     rollouts.rewards = total
     rollouts.reward_components = comps
+    n = len(total)
+    if n and report.excluded == n:
+        failed = ", ".join(f"{k}: {v}" for k, v in report.failures.items()) or "their weighted totals"
+        rewards._log("(all)", "no sample of this batch has a usable reward (all %d excluded; failed: %s): "
+                     "it teaches nothing", n, failed)
     return rollouts, report

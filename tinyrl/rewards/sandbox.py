@@ -32,32 +32,36 @@ before any untrusted code runs):
   every filesystem UNIX socket the host has bound (/proc/net/unix) covered by /dev/null.
   Without a PID namespace, the supervisor kills every process of the sandbox uid at the
   end and reaps them.
-- integrity: for `assert f(x) == <literal>` and stdin/stdout cases the expected value
-  stays in the host: the child only computes `f(x)` (or the program's output) and sends
-  it as plain data, by exact builtin type (an object with a lying `__eq__` fails); the host
-  compares. A run that does not end normally (sys.exit / os._exit before the checks, a
-  crash, a timeout, too much output) scores 0. The model's own asserts are just code.
+- integrity: the grader's checks run in a judge process beside the worker, in an
+  interpreter the code never touches; the solution's names are proxies there, called with
+  plain data (exact builtin types: an object with a lying `__eq__` is a handle that equals
+  nothing). The judge alone holds the report pipe and a per-run key; every report line is
+  signed (HMAC-SHA256) and the host drops any line it cannot verify. For literal checks and
+  stdin/stdout cases the expected value stays in the host. A run that does not end normally
+  (sys.exit / os._exit before the checks, a crash, a timeout, too much output) scores 0.
+- no weak isolation by default: without a mount namespace the run is refused (status
+  "error") unless `weak_isolation=True` (see docs/rewards.md, "Decisions").
 
 What it does not protect against: kernel exploits and side channels (it is not a VM or
 gVisor); reading world-readable files outside the hidden paths (keep answers and hidden
 tests out of world-readable places, or pass them in `hide`); total memory, capped per
 process (so up to `nproc` x `memory_mb` in all) rather than per sandbox (no cgroup); CPU
-contention while it runs. Other asserts (`assert is_prime(7)`, loops of asserts) are
-judged from what the child reports, and a program written to attack the harness can
-forge that report (it runs in the same process as the reporter); literal checks it can
-only pass by computing the value. Without namespaces (e.g. a container without
-CAP_SYS_ADMIN and without user namespaces) /tmp and other world-writable places stay
-writable and, when not root, the code runs as you, with your files; sockets and SysV IPC
-are then held back by the seccomp filter alone (and by nothing on an architecture
-without one). `run_tests` logs a warning once when a layer is missing.
+contention while it runs; code that returns answers it knows. With `weak_isolation=True` on
+a host without namespaces, /tmp and other world-writable places stay writable and, when not
+root, the code runs as you, with your files; sockets and SysV IPC are then held back by the
+seccomp filter alone (and by nothing on an architecture without one). `run_tests` logs a
+warning once when a layer is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
 import random
+import secrets
 import select
 import shutil
 import signal
@@ -134,41 +138,52 @@ def _default_hide() -> list[str]:
 
 
 def run_tests(code: str, tests: str | list | dict, entry_point: str | None = None,
-              limits: Limits | None = None, hide: list[str] | None = None, namespaces: bool = True) -> SandboxResult:
+              limits: Limits | None = None, hide: list[str] | None = None, namespaces: bool = True,
+              weak_isolation: bool = False) -> SandboxResult:
     """Run `code`, then the grader's `tests` in the sandbox; one pass/fail per check.
 
     `tests`: assert statements, HumanEval's `def check(candidate)` (with `entry_point`), or
     stdin/stdout cases (see `parse_tests`). `hide`: directories to cover (default: home
     directories and the current directory). `namespaces=False` skips the namespaces
-    (rlimits and the uid only), as on a host that does not allow them.
+    (rlimits and the uid only), as on a host that does not allow them. Without a mount
+    namespace (skipped, or refused by the host) the run is refused (status "error") unless
+    `weak_isolation=True`: the code could then read world-readable files and write
+    world-writable folders of the host.
     """
     limits = limits or Limits()
     steps, checks = parse_tests(tests, entry_point)
     root = os.geteuid() == 0
     uid = _pick_uid() if root else os.getuid()
+    judge_uid = _pick_uid() if root else uid  # as root the judge gets a uid of its own too
+    key = secrets.token_bytes(32)  # signs the report: the worker never holds it
     workdir = tempfile.mkdtemp(prefix="tinyrl-sbx-")  # its working directory only where there is no mount namespace
     if root:
         os.chown(workdir, uid, uid)
     os.chmod(workdir, 0o700)
     job = {"code": code, "steps": steps, "io": any(c.kind == "io" for c in checks), "limits": vars(limits),
-           "uid": uid, "gid": uid, "workdir": workdir, "hide": _default_hide() if hide is None else hide,
-           "preload": PRELOAD, "namespaces": namespaces}
+           "uid": uid, "gid": uid, "judge_uid": judge_uid, "workdir": workdir, "entry_point": entry_point,
+           "hide": _default_hide() if hide is None else hide, "preload": PRELOAD, "namespaces": namespaces,
+           "require_mount": not weak_isolation}
     r, w = os.pipe()
     out_r, out_w = os.pipe()  # stdout + stderr: a pipe, so the code cannot truncate or seek back what it wrote
-    job["report_fd"] = w
+    key_r, key_w = os.pipe()  # the key, on a pipe of its own: read by the child once its worker exists
+    os.write(key_w, key)
+    os.close(key_w)
+    job["report_fd"], job["key_fd"] = w, key_r
     start = time.monotonic()
     try:
         proc = subprocess.Popen([sys.executable, "-I", CHILD_SCRIPT], stdin=subprocess.PIPE, stdout=out_w,
-                                stderr=subprocess.STDOUT, pass_fds=(w,), close_fds=True, start_new_session=True,
+                                stderr=subprocess.STDOUT, pass_fds=(w, key_r), close_fds=True, start_new_session=True,
                                 cwd=workdir, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"})
     except OSError as e:
-        for fd in (r, w, out_r, out_w):
+        for fd in (r, w, out_r, out_w, key_r):
             os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
         return SandboxResult("error", [False] * len(checks), load_error=f"could not start the sandbox: {e}")
     os.close(w)
     os.close(out_w)
-    reader = _Reader(r, out_r, limits)
+    os.close(key_r)
+    reader = _Reader(r, out_r, limits, key)
     try:
         try:
             proc.stdin.write(json.dumps(job).encode())
@@ -207,8 +222,8 @@ class _Reader:
     Output past `limits.output_bytes` ends the run at once (status "output_limit"): the limit
     is enforced on what the host has read, which nothing in the sandbox can take back."""
 
-    def __init__(self, report_fd: int, out_fd: int, limits: Limits):
-        self.report_fd, self.out_fd, self.limits = report_fd, out_fd, limits
+    def __init__(self, report_fd: int, out_fd: int, limits: Limits, key: bytes):
+        self.report_fd, self.out_fd, self.limits, self.key = report_fd, out_fd, limits, key
         self.msgs: list[dict] = []
         self.output = bytearray()
         self.done = self.over = False
@@ -250,10 +265,7 @@ class _Reader:
             return True
         *lines, self._buf = (self._buf + chunk).split(b"\n")
         for ln in lines:
-            try:
-                msg = json.loads(ln)
-            except Exception:
-                continue  # garbage on the pipe (the code wrote there): ignored
+            msg = self._verified(ln)
             if isinstance(msg, dict):
                 self.msgs.append(msg)
                 if msg.get("done") is True or "worker_exit" in msg:
@@ -262,9 +274,23 @@ class _Reader:
         return False
 
 
+    def _verified(self, line: bytes):
+        """The message of a report line signed with this run's key; None for anything else (a forgery)."""
+        try:
+            signed = json.loads(line)
+            payload = signed["p"]
+            mac = hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
+            return json.loads(payload) if hmac.compare_digest(mac, str(signed["m"])) else None
+        except Exception:  # noqa: BLE001 - garbage on the pipe: ignored
+            return None
+
+
 def _result(msgs, done, checks, output: bytes, wall, limits, over: bool = False) -> SandboxResult:
     ready = msgs[0] if msgs and "ready" in msgs[0] else {}
     iso = ready.get("ready", {}) if isinstance(ready.get("ready"), dict) else {}
+    if str(ready.get("fatal", "")).startswith("refused") and "refused" not in _warned:
+        _warned.add("refused")
+        log.warning("code sandbox: %s; until then every code sample is excluded (scored None)", ready["fatal"])
     _warn_isolation(iso)
     passed, seen = [False] * len(checks), set()
     load_error = ready.get("fatal")
@@ -280,7 +306,7 @@ def _result(msgs, done, checks, output: bytes, wall, limits, over: bool = False)
             exit_code = msg["worker_exit"]
     if over or len(output) > limits.output_bytes:
         status = "output_limit"
-    elif not ready:
+    elif not ready or ready.get("fatal"):  # no sandbox, or one that refused to run: not the code's doing
         status = "error"
     elif load_error:
         status = "load_error"
