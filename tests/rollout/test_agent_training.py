@@ -44,7 +44,7 @@ def bracket_format(monkeypatch):
 
 @pytest.fixture(scope="module")
 def char_model(tmp_path_factory):
-    return make_char_model(tmp_path_factory.mktemp("char-random-agent"), max_positions=512)
+    return make_char_model(tmp_path_factory.mktemp("char-random-agent"), max_positions=1024)  # the agent prompt (612 chars) + 96 new tokens fit
 
 
 def overrides(model, root, **more):
