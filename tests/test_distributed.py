@@ -150,8 +150,9 @@ def test_two_processes_compute_what_one_computes(tmp_path, variant):
     moved = max(float((a[k] - b0[k]).abs().max()) for k in a)
     # fp32 rounding only: each rank packs its own rows into micro-batches (tinyrl.update), so the sums
     # group differently from one process's, and AdamW's normalised step carries a near-zero gradient's
-    # rounding into the weights (measured up to 1.2e-5 after 3 steps; a wrong all-reduce is ~lr, 1e-3)
-    assert all(torch.allclose(a[k], b0[k], atol=3e-5, rtol=1e-4) for k in a), f"max diff {moved}"
+    # rounding into the weights (measured up to 1.2e-5 after 3 steps with float32 advantages, 3.9e-5 for
+    # batch scaling with the float64 advantages of 2026-12-06; a wrong all-reduce is ~lr, 1e-3)
+    assert all(torch.allclose(a[k], b0[k], atol=5e-5, rtol=1e-4) for k in a), f"max diff {moved}"
     assert any(not torch.equal(a[k], torch.zeros_like(a[k])) for k in a)
     assert len(m1) == len(m2) == 3 and all(r["processes"] == 2 for r in m2)
     for r1, r2 in zip(m1, m2):
