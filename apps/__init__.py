@@ -1,4 +1,4 @@
-"""tinyrl's web UI (installed as `tinyrl.apps`; start it with `tinyrl ui`, needs `tinyrl[ui]`).
+"""tinyrl's web UI (installed as `tinyrl.apps`; start it with `tinyrl ui`, needs `tinyrl-rlvr[ui]`).
 
 The app is thin: it launches `tinyrl train` / `tinyrl eval` as subprocesses that outlive it,
 and everything it shows is read back from the run folders. Modules:

@@ -20,14 +20,14 @@ from pathlib import Path
 import yaml
 
 from tinyrl.config import ConfigError, list_presets, load_config, parse_override, read_preset
-from tinyrl.planner import GPUS, PROFILE_GPUS, plan_config
+from tinyrl.planner import GPUS, PROFILE_GPUS
 from tinyrl.planner.gpus import world_size_of
 from tinyrl.planner.memory import size
 from tinyrl.planner.report import (
     budget_for,
     budget_line,
-    format_plan,
     maxima_of,
+    plan_text,
     prompt_length,
     this_machine,
     verdict_lines,
@@ -227,12 +227,10 @@ def memory_estimate(cfg, card: str = DETECTED, profile: str | None = None) -> Me
     try:
         device, budget, label = detected() if card in (DETECTED, "", None) else budget_for(cfg, card, None, None)
         tokens, note = _prompt_length(cfg)
-        p = plan_config(cfg, device, budget, label, world_size_of(profile), tokens)
+        p, table = plan_text(cfg, device, budget, label, world_size_of(profile), tokens, note)
     except ValueError as e:  # ConfigError too: what `tinyrl plan` would print as "tinyrl: error: ..."
         return MemoryEstimate(f"no memory plan: {e}", "", None)
-    maxima = maxima_of(p)
-    return MemoryEstimate("\n".join([budget_line(p), *verdict_lines(p, maxima)]), format_plan(p, maxima, note),
-                          p.fits)
+    return MemoryEstimate("\n".join([budget_line(p), *verdict_lines(p, maxima_of(p))]), table, p.fits)
 
 
 def runs_dir_override(runs_dir: Path, name: str) -> list[str]:

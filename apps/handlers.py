@@ -180,6 +180,7 @@ class App:
         status = (f"**{run}**: {info.status}, step {info.step or 0}/{info.steps if info.steps is not None else '?'}"
                   f"{f', pid {pid}' if pid and live else ''}{pace}; checkpoints: {', '.join(ckpts) or 'none'}; "
                   f"adapter: {'yes' if (path / 'adapter').is_dir() else 'no'}")
+        status += f"  \n{links}" if (links := runs_view.tracker_text(path)) else ""  # log.report_to
         rows, alarms = runs_view.metrics(path), runs_view.alarms(path)
         panels = charts.charts({run: rows}, {run: alarms})
         headers, samples = runs_view.latest_samples(path)

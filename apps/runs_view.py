@@ -246,6 +246,11 @@ def _cell(v):
     return json.dumps(v, default=str)
 
 
+def tracker_text(run: Path) -> str:
+    """Links to the run's experiment trackers (log.report_to), from its tracker.json; '' when none."""
+    return st.tracker_line(read_json(Path(run) / "tracker.json") or {})
+
+
 def accuracy_text(run: Path) -> str:
     """Held-out accuracy before/after from summary.json, in words."""
     s = read_json(Path(run) / "summary.json")

@@ -59,7 +59,7 @@ def import_gradio():
         import gradio
     except ImportError as e:
         raise MissingExtraError(f"the tinyrl UI needs gradio, which is not installed ({e}). "
-                          f"Install the extra: pip install 'tinyrl[ui]'") from None
+                          f"Install the extra: pip install 'tinyrl-rlvr[ui]'") from None
     return gradio
 
 

@@ -92,6 +92,27 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m"
 
 
+def tracker_line(trackers: dict) -> str:
+    """Where the run's experiment trackers show it (its tracker.json): a link where a tracker has a URL,
+    else the command that opens its local files; '' for a run that reports to none.
+
+    >>> tracker_line({"wandb": {"url": "https://wandb.ai/me/tinyrl/runs/abc"},
+    ...               "tensorboard": {"dir": "r/tensorboard", "command": "tensorboard --logdir r/tensorboard"}})
+    'trackers: [wandb](https://wandb.ai/me/tinyrl/runs/abc) · tensorboard: `tensorboard --logdir r/tensorboard`'
+    >>> tracker_line({}), tracker_line({"x": {"url": "javascript:alert(1)"}})
+    ('', '')
+    """
+    parts = []
+    for name, s in trackers.items():
+        s = s if isinstance(s, dict) else {}
+        url, local = str(s.get("url") or ""), str(s.get("command") or s.get("dir") or "").replace("`", "'")
+        if url.startswith(("https://", "http://")):
+            parts.append(f"[{name}]({url})")
+        elif local:
+            parts.append(f"{name}: `{local}`")
+    return "trackers: " + " · ".join(parts) if parts else ""
+
+
 # --------------------------------------------------------------------------- controls and messages
 
 

@@ -15,7 +15,10 @@ Sections, in order, each timed and recorded in one JSON report (a table is print
   grpo        GRPO steps on CUDA (HF engine) with the shipped tiny model and random-weight models
               of Qwen2.5-0.5B's and 1.5B's real shapes (built from the config values, nothing
               downloaded): time per phase, and the planner's prediction vs
-              torch.cuda.max_memory_allocated; --cpu: one step of a shrunken Qwen2-shaped model
+              torch.cuda.max_memory_allocated; where torchao is present, model.quantization=int8 on
+              the HF engine and (with vllm) int8_shared: vLLM quantizes the base and the trainer's
+              linears are views of it (the share report is recorded; issue #43's GPU-only part);
+              --cpu: one step of a shrunken Qwen2-shaped model
 
 Whatever does not fit the time budget is recorded as skipped. Exit status: 0 when nothing failed.
 """
@@ -34,7 +37,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONAL = ("vllm", "bitsandbytes", "trl")
+OPTIONAL = ("vllm", "bitsandbytes", "trl", "torchao")
 
 
 # --------------------------------------------------------------------------- importing tinyrl from the repo
@@ -270,6 +273,9 @@ def grpo_case(name: str, model: str, overrides: dict, ctx) -> dict:
     plan = build(dataclasses.replace(setup, new_tokens=max(t for _, t in shapes)), 2**40)
     out = {"case": name, **times, "prompt_tokens": setup.prompt_tokens, "completion_tokens": max(t for _, t in shapes),
            "predicted_allocated_peak": plan.allocated_peak, "predicted_phases": plan.phases}
+    share = getattr(trainer.engine, "share", None)
+    if share is not None:  # vLLM: which base tensors the trainer shares (int8_shared: all its linears must be)
+        out["shared"] = share.summary()
     if cuda:
         measured = torch.cuda.max_memory_allocated()
         out.update(max_memory_allocated=measured, max_memory_reserved=torch.cuda.max_memory_reserved(),
@@ -297,6 +303,8 @@ def section_grpo(ctx) -> dict:
         plan = [("qwen2.5-shape-tiny", small, {"train.steps": 1, "train.prompts_per_step": 2,
                                                "rollout.num_generations": 2, "train.micro_batch_size": 4,
                                                "rollout.max_new_tokens": 8})]
+        if "torchao" not in ctx["missing"]:  # the model.quantization=int8 path, HF engine (issue #43)
+            plan.append(("int8 (torchao)", small, {**plan[0][2], "model.quantization": "int8"}))
     else:
         real = {"rollout.max_new_tokens": 128, "train.steps": 3, "train.prompts_per_step": 8,
                 "rollout.num_generations": 8, "train.micro_batch_size": 16, "model.dtype": "bfloat16",
@@ -309,6 +317,11 @@ def section_grpo(ctx) -> dict:
             plan.append(("qlora (nf4)", ARCHITECTURES["qwen2.5-0.5b-instruct"], {**real, "model.load_in_4bit": True}))
         if "vllm" not in ctx["missing"]:
             plan.append(("vllm engine", ARCHITECTURES["qwen2.5-0.5b-instruct"], {**real, "rollout.engine": "vllm"}))
+        if "torchao" not in ctx["missing"]:  # model.quantization int8 (issue #43): HF engine, and shared with vLLM
+            plan.append(("int8 (torchao)", ARCHITECTURES["qwen2.5-0.5b-instruct"], {**real, "model.quantization": "int8"}))
+            if "vllm" not in ctx["missing"]:
+                plan.append(("int8_shared (vllm)", ARCHITECTURES["qwen2.5-0.5b-instruct"],
+                             {**real, "model.quantization": "int8", "rollout.engine": "vllm"}))
     for name, model, over in plan:
         if ctx["left"]() < 45:
             cases.append({"case": name, "skipped": "time budget"})
@@ -324,6 +337,8 @@ def section_grpo(ctx) -> dict:
         cases.append({"case": "qlora (nf4)", "skipped": "bitsandbytes is not installed"})
     if "vllm" in ctx["missing"]:
         cases.append({"case": "vllm engine", "skipped": "vllm is not installed"})
+    if "torchao" in ctx["missing"]:
+        cases.append({"case": "int8 (torchao)", "skipped": "torchao is not installed"})
     failed = any("error" in c for c in cases)
     return {"status": "fail" if failed else "ok", "cases": cases}
 
@@ -337,7 +352,7 @@ def section_compile(ctx) -> dict:
     import torch
 
     if importlib.util.find_spec("triton") is None:
-        return {"status": "skipped", "reason": "triton is not installed (pip install 'tinyrl[kernels]')"}
+        return {"status": "skipped", "reason": "triton is not installed (pip install 'tinyrl-rlvr[kernels]')"}
     major, minor = (8, 0) if ctx["cpu"] else torch.cuda.get_device_capability()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
     r = subprocess.run([sys.executable, "-m", "tinyrl.kernels.compile_check", "--json", "--sm", str(10 * major + minor)],
@@ -369,7 +384,7 @@ _SECTION_NOTES = {
     "tests": "the gpu-marked tests (planner vs torch.cuda.max_memory_allocated), the kernel tests and OOM recovery on CUDA",
     "compile": "this card's row of the kernel compile table (no spills at the blocks the dispatcher picks)",
     "fused_loss": "Triton fused logprobs vs the torch reference: values, grads, time, peak memory, TFLOP/s",
-    "grpo": "GRPO steps on tiny-arith and random Qwen2.5-0.5B/1.5B-shaped models (QLoRA, vLLM where installed): "
+    "grpo": "GRPO steps on tiny-arith and random Qwen2.5-0.5B/1.5B-shaped models (QLoRA, vLLM, int8 where installed): "
             "time per phase, planned vs measured peak",
 }
 

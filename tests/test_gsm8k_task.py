@@ -61,7 +61,6 @@ def test_parquet(tmp_path):
 
 
 @pytest.mark.parametrize("content,words", [
-    (None, "no data file"),
     ("missing", "data file not found"),
     ('{"question": "q"}\n', "lacks ['answer']"),
     ('{"question": "q", "answer": "42"}\n', "no '#### <number>' line"),

@@ -31,7 +31,7 @@ def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(ROOT)], check=True, capture_output=True, timeout=300)
-    (whl,) = out.glob("tinyrl-*.whl")
+    (whl,) = out.glob("tinyrl_rlvr-*.whl")
     return whl
 
 
@@ -61,3 +61,23 @@ def test_installed_wheel_finds_its_presets_and_model(wheel, tmp_path):
     assert lines[0].startswith(str(site)) and lines[1].startswith(str(site))  # not the source tree
     assert "tiny_grpo_cpu" in lines[2]
     assert lines[3] == "True"
+
+
+def test_every_install_instruction_names_the_distribution():
+    """The distribution is `tinyrl-rlvr` (`tinyrl` on the package index is another project, a wrapper
+    for RLtools): every install line the user reads (README, docs, notebooks, presets, error messages)
+    installs `tinyrl-rlvr`, never `tinyrl` or `tinyrl[extra]`."""
+    import re
+
+    import tomllib
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"] == "tinyrl-rlvr"
+    wrong = re.compile(r"pip install (?:-\S+ )*['\"`]?tinyrl(?:\[|['\"`\s]|$)|(?<![\w/-])tinyrl\\?\[")
+    places = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "notebooks" / "src").glob("*.py"),
+              *(ROOT / "presets").glob("*.yaml"), *(ROOT / "tinyrl").rglob("*.py"), *(ROOT / "apps").glob("*.py")]
+    bad = []
+    for path in places:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if wrong.search(line.replace("not `pip install tinyrl`", "")):
+                bad.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:120]}")
+    assert not bad, "install lines that do not name tinyrl-rlvr:\n" + "\n".join(bad)

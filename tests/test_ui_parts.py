@@ -79,7 +79,7 @@ def test_missing_gradio_names_the_extra(tmp_path):
             f"sys.exit(main(['ui', '--runs-dir', {str(tmp_path)!r}]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert "pip install 'tinyrl[ui]'" in out.stderr and "Traceback" not in out.stderr
+    assert "pip install 'tinyrl-rlvr[ui]'" in out.stderr and "Traceback" not in out.stderr
 
 
 # --------------------------------------------------------------------------- the launch form

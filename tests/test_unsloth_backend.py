@@ -23,7 +23,7 @@ def unsloth_cfg(**kw):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU error path")
 def test_cpu_error_names_the_extra_and_the_way_out():
     cfg = unsloth_cfg()
-    with pytest.raises(ModelLoadError, match=r"needs a CUDA GPU.*pip install 'tinyrl\[unsloth\]'.*transformers"):
+    with pytest.raises(ModelLoadError, match=r"needs a CUDA GPU.*pip install 'tinyrl-rlvr\[unsloth\]'.*transformers"):
         load_policy(cfg.model, cfg.lora)
     assert "unsloth" not in sys.modules
 
@@ -33,7 +33,7 @@ def test_missing_package_error_names_the_extra(monkeypatch):
         pytest.skip("unsloth is installed here")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = unsloth_cfg()
-    with pytest.raises(ModelLoadError, match=r"needs the unsloth extra: pip install 'tinyrl\[unsloth\]'"):
+    with pytest.raises(ModelLoadError, match=r"needs the unsloth extra: pip install 'tinyrl-rlvr\[unsloth\]'"):
         load_policy(cfg.model, cfg.lora)
 
 

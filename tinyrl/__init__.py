@@ -24,4 +24,12 @@ def evaluate(preset=None, adapter=None, **overrides):
     return _evaluate(preset, adapter=adapter, **overrides)
 
 
-__all__ = ["train", "evaluate", "__version__"]
+def export(run_dir, merged=None, push=None, private=False, dtype="bfloat16", token=None):
+    """Export a finished run: `merged=OUT` writes its base with the adapter merged in (16-bit);
+    `push="USER/NAME"` uploads the merged model (or, without `merged`, the adapter) with a model card."""
+    from tinyrl.api import export as _export
+
+    return _export(run_dir, merged=merged, push=push, private=private, dtype=dtype, token=token)
+
+
+__all__ = ["train", "evaluate", "export", "__version__"]

@@ -1,4 +1,4 @@
-"""`tinyrl train|sft|eval|presets|plan|report|ui` — the command line. Every user-facing failure becomes
+"""`tinyrl train|sft|eval|presets|plan|report|export|ui` — the command line. Every user-facing failure becomes
 one clear paragraph on stderr and a non-zero exit, never a traceback.
 
 The training stack (transformers, peft: tinyrl.api) and the UI (gradio) load inside the commands
@@ -119,20 +119,59 @@ def cmd_presets(ns) -> int:
     return 0
 
 
+def _k_list(values: list[str] | None) -> tuple[list[int] | None, list[str]]:
+    """`--k 1 4 16` (or `--k 1,4,16`): (the k values, the words among them that are no numbers).
+
+    >>> _k_list(["1", "4,16", "tiny_grpo_cpu", "data.num_eval=8"])
+    ([1, 4, 16], ['tiny_grpo_cpu', 'data.num_eval=8'])
+    """
+    ks, rest = [], []
+    for v in values or []:
+        parts = v.split(",")
+        if all(p.strip().lstrip("-").isdigit() for p in parts):
+            ks += [int(p) for p in parts]
+        else:
+            rest.append(v)
+    return ks or None, rest
+
+
 def cmd_eval(ns) -> int:
     from tinyrl.api import evaluate  # the training stack: loaded when an evaluation starts
 
-    preset, overrides = _split(ns.args)  # `eval a.b=1`: no preset
+    ks, rest = _k_list(ns.k)  # `--k 1 4 16 a.b=1`: the words after the numbers are the command's own
+    preset, overrides = _split(ns.args + rest)  # `eval a.b=1`: no preset
     kv = _overrides(overrides)
     if ns.gaia is not None:  # GAIA's metadata.jsonl, scored with GAIA's own scorer
         kv.update({"data.task": "gaia", "data.task_args": {"path": ns.gaia}})
-    result = evaluate(preset, adapter=ns.adapter, report=True, **kv)
+    if ns.samples or ks or ns.temperature is not None:  # pass@k / maj@k: checked before the model loads
+        from tinyrl.evaluation import check_k
+
+        check_k(ns.samples, ks, "--samples")
+    result = evaluate(preset, adapter=ns.adapter, report=True, samples=ns.samples, k=ks,
+                      temperature=ns.temperature, **kv)
     print("\n".join(result.lines()))
+    if result.path is not None:
+        print(f"written: {result.path}")
     return 0
 
 
 def cmd_report(ns) -> int:
     print(write_report(ns.run_dir))
+    return 0
+
+
+def cmd_export(ns) -> int:
+    from tinyrl.api import export  # the training stack: loaded when an export starts
+
+    if not ns.merged and not ns.push:
+        raise ConfigError("export: give --merged OUT (a new folder for the merged model) and/or --push REPO_ID")
+    if ns.private and not ns.push:
+        raise ConfigError("--private: applies to --push REPO_ID; give --push too")
+    done = export(ns.run_dir, merged=ns.merged, push=ns.push, private=ns.private, dtype=ns.dtype)
+    if done.merged is not None:
+        print(f"merged model ({ns.dtype}): {done.merged}")
+    if done.url is not None:
+        print(f"uploaded {'the merged model' if done.merged else 'the adapter'}: {done.url}")
     return 0
 
 
@@ -172,10 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
     f.set_defaults(fn=cmd_sft)
     sub.add_parser("presets", help="list shipped presets").set_defaults(fn=cmd_presets)
-    e = sub.add_parser("eval", help="held-out pass@1 of a preset's model (optionally with a trained adapter)")
+    e = sub.add_parser("eval", help="held-out pass@1, pass@k, maj@k of a preset's model (optionally with an adapter)")
     e.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     e.add_argument("--adapter", metavar="RUN_DIR", help="a run folder (or adapter folder) to load")
     e.add_argument("--gaia", metavar="METADATA_JSONL", help="score GAIA questions (its metadata.jsonl) with GAIA's scorer")
+    e.add_argument("--samples", type=int, default=0, metavar="N",
+                   help="also sample N completions per prompt: pass@k and maj@k (written to the run folder)")
+    e.add_argument("--temperature", type=float, metavar="T", help="their temperature (default: rollout.temperature)")
+    e.add_argument("--k", nargs="+", metavar="K", help="the k of pass@k / maj@k (default: 1 2 4 ... N)")
     e.set_defaults(fn=cmd_eval)
     pl = sub.add_parser("plan", help="memory plan of a preset on a card: components, verdict, what fits")
     pl.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
@@ -188,7 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="summarise a run folder: curves, alarms, verdict (+ metrics.png)")
     r.add_argument("run_dir")
     r.set_defaults(fn=cmd_report)
-    u = sub.add_parser("ui", help="web UI to launch, watch, stop, resume and compare runs (pip install 'tinyrl[ui]')")
+    x = sub.add_parser("export", help="a run's merged model (--merged OUT) and/or its upload to the hub (--push)")
+    x.add_argument("run_dir", metavar="RUN_DIR", help="a finished run folder (with adapter/)")
+    x.add_argument("--merged", metavar="OUT", help="write the base with the adapter merged in to this new folder")
+    x.add_argument("--dtype", default="bfloat16", help="the merged weights' dtype: bfloat16 (default), float16, float32")
+    x.add_argument("--push", metavar="REPO_ID", help="upload the merged model (with --merged) or the adapter, "
+                                                     "with a model card, to this hub repo (USER/NAME)")
+    x.add_argument("--private", action="store_true", help="create the hub repo private")
+    x.set_defaults(fn=cmd_export)
+    u = sub.add_parser("ui", help="web UI to launch, watch, stop, resume and compare runs (pip install 'tinyrl-rlvr[ui]')")
     u.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others need --auth)")
     u.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
     u.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")

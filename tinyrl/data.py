@@ -1,4 +1,5 @@
-"""Prompts for a run: a built-in task or a local jsonl file, chat-templated when the model has one.
+"""Prompts for a run: a built-in task, a local jsonl file, or any dataset (a hub id or a local file or
+folder: `data.dataset`, tinyrl/tasks/dataset.py), chat-templated when the model has one.
 
 `PromptSource` hands out batches of rows in a seeded order that is a pure function of
 (seed, position), so a resumed run continues with exactly the prompts it would have seen. In a
@@ -16,6 +17,7 @@ from pathlib import Path
 from tinyrl.distributed import shard
 from tinyrl.errors import ConfigError
 from tinyrl.tasks import get_task
+from tinyrl.tasks.dataset import dataset_rows
 
 
 def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
@@ -56,6 +58,8 @@ def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
 
 def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
     """(train rows, held-out rows, task or None). Rows are dicts with a 'prompt' column."""
+    if cfg_data.task == "dataset":
+        return dataset_rows(cfg_data)
     if cfg_data.task == "jsonl":
         rows = read_jsonl_rows(cfg_data.path, cfg_data.prompt_column)
         rng = random.Random(cfg_data.seed)

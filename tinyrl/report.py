@@ -136,19 +136,39 @@ def plot(rows: list[dict], alarms: list[dict], path: Path) -> bool:
     return True
 
 
+def sampled_lines(summary: dict | None) -> list[str]:
+    """pass@k / maj@k before and after training (summary.json details.eval_sampled, train.eval_samples)."""
+    got = ((summary or {}).get("details") or {}).get("eval_sampled") or {}
+    if not got:
+        return []
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    first = next(iter(got.values()))
+    out = ["", f"held-out pass@k / maj@k ({first['samples']} samples per prompt at temperature "
+               f"{first['temperature']:g}):"]
+    for when in ("before", "after"):
+        if got.get(when):
+            cells = [f"pass@{k} {pct(v)}" for k, v in got[when]["pass@k"].items()]
+            cells += [f"maj@{k} {pct(v)}" for k, v in (got[when]["maj@k"] or {}).items()]
+            out.append(f"  {when:<7} " + "  ".join(cells))
+    if first.get("maj_note"):
+        out.append(f"  maj@k left out: {first['maj_note']}")
+    return out
+
+
 def render(run_dir: Path, rows: list[dict], alarms: list[dict], summary: dict | None, png: bool) -> str:
     steps = [r["step"] for r in rows]
     lines = [f"tinyrl run report: {run_dir}"]
     lines.append(f"steps: {len(rows)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
     if rows:
         lines += ["", "metrics:", *summary_table(rows)]
+    lines += sampled_lines(summary)
     lines += ["", f"alarms ({len(alarms)}):" if alarms else "alarms: none"]
     for a in alarms:
         auto = f" [auto: {a['applied']}]" if a.get("applied") else ""
         kind = " (fatal)" if a.get("fatal") else " (warning)" if a.get("severity") == "warning" else ""
         lines.append(f"  step {a['step']:>4}  {a['name']}{kind}: {a['evidence']}")
         lines.append(f"             suggested: {a['action']}{auto}")
-    lines += ["", f"plot: {run_dir / 'metrics.png'}" if png else "plot: skipped (pip install 'tinyrl[plot]' for metrics.png)"]
+    lines += ["", f"plot: {run_dir / 'metrics.png'}" if png else "plot: skipped (pip install 'tinyrl-rlvr[plot]' for metrics.png)"]
     lines.append(verdict(rows, alarms, summary))
     return "\n".join(lines) + "\n"
 

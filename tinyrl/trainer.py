@@ -41,13 +41,14 @@ from tinyrl.config import RunConfig, with_fields
 from tinyrl.data import PromptSource
 from tinyrl.distributed import Dist
 from tinyrl.errors import ResumeError, StaleWeightsError
-from tinyrl.evaluation import accuracy
+from tinyrl.evaluation import accuracy, run_sampled
 from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.monitor import Action, Monitor, planned_action
 from tinyrl.rewards.core import RewardSet, score_rollouts
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import Run, RunDir
 from tinyrl.stop import StopSignals
+from tinyrl.trackers.fanout import open_trackers
 from tinyrl.update import UpdateResult, initial_loss_scale, next_loss_scale, policy_update, score
 
 log = logging.getLogger("tinyrl")
@@ -62,6 +63,7 @@ class TrainerState:
     skipped_steps: int = 0  # optimiser steps skipped for a non-finite loss or gradient
     no_signal_steps: int = 0  # optimiser steps skipped for want of any learning signal
     eval_before: float | None = None  # held-out accuracy before training (None: not measured)
+    eval_sampled: dict = field(default_factory=dict)  # "before" / "after" -> pass@k, maj@k (train.eval_samples)
     micro_batch: int = 0  # completions per forward/backward; halved on an out-of-memory error
     rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
     oom_retries: int = 0
@@ -113,13 +115,15 @@ class Trainer:
         cfg = self.cfg
         st = self.state
         outs = {name: self.run.writer(f"{name}.jsonl") for name in ("metrics", "samples", "alarms")}
+        outs["trackers"] = trackers = open_trackers(cfg, self.run.path, self.dist.is_main, st.step)  # log.report_to
         stop = StopSignals(defer=lambda: self._in_step).__enter__()  # inside a step, finish it first
         bar = None
         try:
             if st.step == 0 and self._can_evaluate():
                 log.info("held-out evaluation before training (%d prompts)", len(self.eval_rows))
-                st.eval_before = self.evaluate()
+                st.eval_before = self.evaluate("before")
                 log.info("held-out accuracy before training: %.3f", st.eval_before)
+                trackers.held_out(st.eval_before, 0)
             bar = _progress(cfg, st.step) if self.dist.is_main else None  # [dist]
             while st.step < cfg.train.steps and not self.dist.any(stop.requested):  # [dist] all stop together
                 self._in_step = True
@@ -138,7 +142,8 @@ class Trainer:
             after = None
             if self._can_evaluate():
                 log.info("held-out evaluation after training (%d prompts)", len(self.eval_rows))
-                after = self.evaluate()
+                after = self.evaluate("after")
+                trackers.held_out(after, st.step)
         except KeyboardInterrupt:
             if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
                 self.save_checkpoint()
@@ -406,6 +411,7 @@ class Trainer:
             outs["samples"].write(s)
         for alarm in alarms:
             outs["alarms"].write(alarm.__dict__)  # with what the auto-action did, if one ran
+        outs["trackers"].log_step(self.state.step, metrics, samples, alarms)  # sample tables every log.samples_every
         for alarm in alarms:
             if alarm.fatal:
                 raise StaleWeightsError(f"{alarm.name} at step {alarm.step}: {alarm.evidence}. {alarm.action}")
@@ -414,9 +420,11 @@ class Trainer:
             r = metrics["reward_mean"]
             bar.set_postfix(reward="n/a" if r is None else f"{r:.3f}", loss=f"{metrics['loss']:.3g}")
 
-    def evaluate(self) -> float:
+    def evaluate(self, when: str) -> float:
         rows = self.eval_rows[self.dist.share(len(self.eval_rows))]  # [dist] each rank scores its share
         acc = accuracy(self.engine, rows, self.task, self.sampling) if rows else 0.0
+        self.state.eval_sampled.update(run_sampled(  # pass@k, maj@k `when` (before / after) with train.eval_samples
+            self.engine, self.eval_rows, self.task, self.sampling, self.cfg.train, self.dist, when))
         return self.dist.all_reduce_sum(acc * len(rows)) / len(self.eval_rows)
 
     def _can_evaluate(self) -> bool:
@@ -486,6 +494,5 @@ class Trainer:
 
 
 def _progress(cfg: RunConfig, start: int):
-    if not cfg.log.progress:
-        return None
-    return tqdm(total=cfg.train.steps, initial=start, desc="grpo", unit="step", dynamic_ncols=True)
+    return tqdm(total=cfg.train.steps, initial=start, desc="grpo", unit="step", dynamic_ncols=True) \
+        if cfg.log.progress else None

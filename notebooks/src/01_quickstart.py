@@ -12,12 +12,11 @@
 STEPS = 100  # GRPO steps (each: 16 prompts x 8 samples)
 SEED = 0
 RUNS_DIR = "runs"
-TINYRL_REPO = "https://github.com/USER/tinyrl"  # where pip finds tinyrl on Colab: your clone of this repo
+TINYRL_PIP = "tinyrl-rlvr"  # what pip installs on Colab: the package index name, or "git+https://..." of a fork
 
 # %% [markdown]
 # ## Install
-# On Colab this installs tinyrl from `TINYRL_REPO` (set it to the repository you opened this notebook
-# from). Do not `pip install tinyrl`: that name on PyPI is another project. Where tinyrl is already
+# On Colab this installs tinyrl from `TINYRL_PIP`. The distribution is `tinyrl-rlvr` (`pip install tinyrl-rlvr`, then `import tinyrl`); do not `pip install tinyrl`: that name on the package index is another project. Where tinyrl is already
 # installed (a local checkout, CI) nothing happens.
 
 # %%
@@ -26,7 +25,7 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("tinyrl") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"git+{TINYRL_REPO}"])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TINYRL_PIP if "://" not in TINYRL_PIP else f"tinyrl-rlvr @ {TINYRL_PIP}"])
 
 # %% [markdown]
 # ## Train

@@ -17,12 +17,12 @@ CPU_STEPS = 60  # GRPO steps of the CPU stand-in
 FORCE_CPU = False
 GSM8K_DIR = "gsm8k"
 RUNS_DIR = "runs"
-TINYRL_REPO = "https://github.com/USER/tinyrl"  # where pip finds tinyrl on Colab: your clone of this repo
+TINYRL_PIP = "tinyrl-rlvr"  # what pip installs on Colab: the package index name, or "git+https://..." of a fork
 
 # %% [markdown]
 # ## Install
-# On Colab: tinyrl from `TINYRL_REPO` with its vLLM and math extras, and bitsandbytes for 4-bit bases.
-# Do not `pip install tinyrl`: that name on PyPI is another project. Where tinyrl is already installed
+# On Colab: tinyrl from `TINYRL_PIP` with its vLLM, math and torchao (int8 bases) extras, and bitsandbytes for 4-bit bases.
+# The distribution is `tinyrl-rlvr` (`pip install tinyrl-rlvr`, then `import tinyrl`); do not `pip install tinyrl`: that name on the package index is another project. Where tinyrl is already installed
 # (a local checkout, CI) nothing happens.
 
 # %%
@@ -34,8 +34,8 @@ import torch
 
 ON_GPU = torch.cuda.is_available() and not FORCE_CPU
 if importlib.util.find_spec("tinyrl") is None:
-    extras = "[vllm,math]" if ON_GPU else "[math]"
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"tinyrl{extras} @ git+{TINYRL_REPO}",
+    extras = "[vllm,math,torchao]" if ON_GPU else "[math]"  # torchao: the 7B preset's int8 base (16gb, 24gb)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TINYRL_PIP + extras if "://" not in TINYRL_PIP else f"tinyrl-rlvr{extras} @ {TINYRL_PIP}",
                            "bitsandbytes>=0.45"])
 print("GPU:", torch.cuda.get_device_name(0) if ON_GPU else "none (the CPU stand-in runs)")
 
@@ -77,8 +77,11 @@ else:
 
 # %% [markdown]
 # ## GSM8K
-# The data is not shipped: on a GPU runtime it is downloaded from the hub (`openai/gsm8k`, `main`) into
-# `GSM8K_DIR` as jsonl, GSM8K's own format (`question`, and an `answer` ending in `#### <number>`).
+# The data is not shipped. The `gsm8k` task loads `openai/gsm8k` (config `main`) from the hub through
+# `datasets` by itself when `data.task_args.path` is left out (offline, `HF_HUB_OFFLINE=1`: from the cache
+# that `hf download openai/gsm8k --repo-type dataset` fills). Here, on a GPU runtime, a local copy goes to
+# `GSM8K_DIR` as jsonl, GSM8K's own format (`question`, and an `answer` ending in `#### <number>`), so a
+# rerun reads it from disk; any dataset of your own works the same way (`data.dataset`: README).
 
 # %%
 from pathlib import Path

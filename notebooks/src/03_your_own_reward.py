@@ -14,12 +14,13 @@ STEPS = 60  # GRPO steps of the first run (your reward beside the verifier)
 HACK_STEPS = 60  # GRPO steps of the second run (the hackable reward alone)
 SEED = 0
 RUNS_DIR = "runs"
-TINYRL_REPO = "https://github.com/USER/tinyrl"  # where pip finds tinyrl on Colab: your clone of this repo
+TINYRL_PIP = "tinyrl-rlvr"  # what pip installs on Colab: the package index name, or "git+https://..." of a fork
 
 # %% [markdown]
 # ## Install
-# On Colab this installs tinyrl from `TINYRL_REPO`. Do not `pip install tinyrl`: that name on PyPI is
-# another project. Where tinyrl is already installed (a local checkout, CI) nothing happens.
+# On Colab this installs tinyrl from `TINYRL_PIP`. The distribution is `tinyrl-rlvr` (`pip install tinyrl-rlvr`, then `import tinyrl`);
+# do not `pip install tinyrl`: that name on the package index is another project. Where tinyrl is
+# already installed (a local checkout, CI) nothing happens.
 
 # %%
 import importlib.util
@@ -27,7 +28,7 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("tinyrl") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"git+{TINYRL_REPO}"])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TINYRL_PIP if "://" not in TINYRL_PIP else f"tinyrl-rlvr @ {TINYRL_PIP}"])
 
 # %% [markdown]
 # ## Write a reward

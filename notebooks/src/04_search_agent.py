@@ -15,12 +15,12 @@ STEPS = 60  # GRPO steps (each: 8 questions x 8 trajectories); 60 is the preset 
 SEED = 0
 RUNS_DIR = "runs"
 THREADS = 1  # torch threads: on a small shared CPU one thread is faster for a model this small
-TINYRL_REPO = "https://github.com/USER/tinyrl"  # where pip finds tinyrl on Colab: your clone of this repo
+TINYRL_PIP = "tinyrl-rlvr"  # what pip installs on Colab: the package index name, or "git+https://..." of a fork
 
 # %% [markdown]
 # ## Install
-# On Colab this installs tinyrl from `TINYRL_REPO` with its `agents` extra (bm25s, for the search
-# tool). Do not `pip install tinyrl`: that name on PyPI is another project. Where tinyrl is already
+# On Colab this installs tinyrl from `TINYRL_PIP` with its `agents` extra (bm25s, for the search
+# tool). The distribution is `tinyrl-rlvr` (`pip install tinyrl-rlvr`, then `import tinyrl`); do not `pip install tinyrl`: that name on the package index is another project. Where tinyrl is already
 # installed (a local checkout, CI) nothing happens.
 
 # %%
@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 if importlib.util.find_spec("tinyrl") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"tinyrl[agents] @ git+{TINYRL_REPO}"])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TINYRL_PIP + "[agents]" if "://" not in TINYRL_PIP else f"tinyrl-rlvr[agents] @ {TINYRL_PIP}"])
 
 import torch
 

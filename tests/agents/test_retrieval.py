@@ -28,9 +28,9 @@ def test_bm25_index_saved_and_loaded(tmp_path):
 def test_dense_retriever_on_a_local_encoder(tmp_path):
     """faiss-cpu + sentence-transformers (the agents-dense extra, in dev). The encoder is a tiny random
     BERT saved locally: no download; with random weights only the exact text is its own nearest neighbour."""
-    pytest.importorskip("faiss", reason="the dense retriever needs faiss-cpu: pip install 'tinyrl[agents-dense]'")
+    pytest.importorskip("faiss", reason="the dense retriever needs faiss-cpu: pip install 'tinyrl-rlvr[agents-dense]'")
     st = pytest.importorskip("sentence_transformers",
-                             reason="the dense retriever needs sentence-transformers: pip install 'tinyrl[agents-dense]'")
+                             reason="the dense retriever needs sentence-transformers: pip install 'tinyrl-rlvr[agents-dense]'")
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
@@ -80,7 +80,7 @@ def test_dense_without_its_extra_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_faiss)
     from tinyrl.agents.retrieval import _dense_imports
 
-    with pytest.raises(ImportError, match=r"pip install 'tinyrl\[agents-dense\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'tinyrl-rlvr\[agents-dense\]'"):
         _dense_imports()
 
 
@@ -114,5 +114,5 @@ def test_bm25_without_its_extra_names_the_extra(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_bm25s)
-    with pytest.raises(ImportError, match=r"pip install 'tinyrl\[agents\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'tinyrl-rlvr\[agents\]'"):
         BM25Retriever([{"id": "0", "contents": '"A"\na'}])

@@ -40,7 +40,7 @@ def seed(request):
 def triton_device(request):
     """The device Triton tests run on: cuda, or cpu under TRITON_INTERPRET=1."""
     if not HAS_TRITON:
-        pytest.skip("triton not installed: pip install 'tinyrl[kernels]'")
+        pytest.skip("triton not installed: pip install 'tinyrl-rlvr[kernels]'")
     if _HAS_CUDA:
         return "cuda"
     if not _TRITON_PRELOADED:

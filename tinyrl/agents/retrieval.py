@@ -6,7 +6,7 @@ Search-R1's wiki-18 and of the shipped search world. Two retrievers:
 - `bm25` (default, CPU): `bm25s` over the corpus (or a saved bm25s index directory);
 - `dense`: a sentence-transformers encoder (e.g. a local copy of `intfloat/e5-base-v2`) with a
   faiss inner-product index, built from the corpus or loaded from a faiss index file (Search-R1's
-  `e5_Flat.index`). Needs `pip install 'tinyrl[agents-dense]'`.
+  `e5_Flat.index`). Needs `pip install 'tinyrl-rlvr[agents-dense]'`.
 
 The tool returns the top-k passages the way Search-R1 writes them,
 `Doc 1(Title: "Title") text\\nDoc 2(...) ...`, or `No results.` when nothing matches. Retrievers
@@ -140,7 +140,7 @@ def _bm25s():
     try:
         import bm25s
     except ImportError as e:
-        raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl[agents]'") from e
+        raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl-rlvr[agents]'") from e
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG: keep its notes quiet
     return bm25s
 
@@ -152,7 +152,7 @@ def _dense_imports():
     except ImportError as e:
         raise ImportError(
             f"agent.retriever 'dense' needs faiss-cpu and sentence-transformers ({e.name} is missing): "
-            f"pip install 'tinyrl[agents-dense]'") from e
+            f"pip install 'tinyrl-rlvr[agents-dense]'") from e
     return faiss, SentenceTransformer
 
 

@@ -26,7 +26,7 @@ import importlib.util
 
 from tinyrl.errors import ModelLoadError
 
-EXTRA = "pip install 'tinyrl[unsloth]'"
+EXTRA = "pip install 'tinyrl-rlvr[unsloth]'"
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

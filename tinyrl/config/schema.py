@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -18,6 +19,7 @@ from tinyrl.config.coerce import check
 from tinyrl.config.schema_agent import AgentConfig
 from tinyrl.config.schema_methods import SelfImproveConfig, SFTConfig
 from tinyrl.config.schema_monitor import MonitorConfig
+from tinyrl.trackers.registry import TRACKERS  # names only: checking one imports no tracker
 
 
 @dataclass
@@ -27,6 +29,10 @@ class ModelConfig:
     # per run (tinyrl.config.resolve), logged at start
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     load_in_4bit: bool = False  # QLoRA: nf4 base weights through bitsandbytes
+    # int8 / fp8: the frozen base linears quantized weight-only through torchao (1 byte a parameter plus
+    # per-row scales; embeddings and head stay 16-bit); with rollout.engine vllm, vLLM quantizes the base
+    # and the trainer's frozen tensors are views of it (one copy). Exclusive with load_in_4bit.
+    quantization: Literal["none", "int8", "fp8"] = "none"
     backend: Literal["transformers", "unsloth"] = "transformers"
     gguf_file: Optional[str] = None  # load this GGUF file of `name` (transformers `gguf_file=`)
     # auto: on only where the run's memory plan says the update does not fit without it (the rule:
@@ -38,6 +44,12 @@ class ModelConfig:
 
     def validate(self, p: str) -> None:
         check(bool(self.name), f"{p}.name", "must name a model (built-in, local path or hub id)")
+        check(not (self.load_in_4bit and self.quantization != "none"), f"{p}.quantization",
+              f"{self.quantization!r} and {p}.load_in_4bit: true are exclusive (two ways to quantize the base): "
+              f"set {p}.quantization: none for QLoRA nf4, or {p}.load_in_4bit: false for int8 / fp8")
+        check(not (self.backend == "unsloth" and self.quantization != "none"), f"{p}.quantization",
+              f"{self.quantization!r} needs {p}.backend: transformers (unsloth loads its own 4-bit base); "
+              f"allowed with unsloth: none")
 
 
 @dataclass
@@ -122,9 +134,14 @@ class AlgoConfig:
         check(self.chunk_size >= 1, f"{p}.chunk_size", f"must be >= 1, got {self.chunk_size}")
 
 
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # data.dataset files (tinyrl.datasets_source)
+
+
 @dataclass
 class DataConfig:
-    task: str = "arithmetic"  # a built-in task name (tinyrl.tasks.TASKS) or "jsonl"
+    # a built-in task name (tinyrl.tasks.TASKS), "jsonl", or "dataset" (rows of data.dataset; set for you
+    # when data.dataset is given and data.task is left at its default)
+    task: str = "arithmetic"
     path: Optional[str] = None  # for task: jsonl, a local .jsonl file with a prompt column
     prompt_column: str = "prompt"
     num_train: int = 2000
@@ -133,6 +150,22 @@ class DataConfig:
     chat_template: Literal["auto", "always", "never"] = "auto"
     system_prompt: Optional[str] = None
     task_args: dict = field(default_factory=dict)  # passed to the task's builder
+    # A hub id (openai/gsm8k) or a local .jsonl/.json/.parquet/.csv file or folder (a save_to_disk folder
+    # too), loaded through `datasets` (pip install 'tinyrl-rlvr[data]'); HF_HUB_OFFLINE=1 reads the cache
+    dataset: Optional[str] = None
+    config: Optional[str] = None  # the dataset's configuration (subset), e.g. main
+    split: str = "train"
+    eval_split: Optional[str] = None  # the held-out split; null: a seeded eval_fraction of `split`
+    eval_fraction: float = 0.05  # share of `split` held out when there is no eval_split (0 with num_eval 0)
+    columns: dict = field(default_factory=dict)  # {prompt: <column>, answer: <column>} of the dataset
+    prompt_template: Optional[str] = None  # the prompt as a format string over a row's columns: "{question}"
+    # how the gold answer is read from the answer column: gsm8k `#### n`, the last \boxed{}, the plain value,
+    # or auto (#### else \boxed{} else plain); tinyrl.tasks.dataset.ANSWER_EXTRACTORS
+    answer_extractor: Literal["auto", "gsm8k", "boxed", "plain"] = "auto"
+
+    def __post_init__(self):
+        if self.dataset is not None and self.task == "arithmetic":  # the default task: data.dataset means rows
+            self.task = "dataset"
 
     def validate(self, p: str) -> None:
         if self.task == "jsonl":
@@ -141,6 +174,34 @@ class DataConfig:
             check(Path(self.path).is_file(), f"{p}.path", f"file not found: {self.path}")
         check(self.num_train >= 1, f"{p}.num_train", f"must be >= 1, got {self.num_train}")
         check(self.num_eval >= 0, f"{p}.num_eval", f"must be >= 0, got {self.num_eval}")
+        self._validate_dataset(p)
+
+    def _validate_dataset(self, p: str) -> None:
+        ds = self.dataset
+        check(self.task != "dataset" or bool(ds), f"{p}.dataset",
+              "is required when data.task is 'dataset' (a hub id like openai/gsm8k, or a local file or folder)")
+        check(ds is None or self.task == "dataset", f"{p}.dataset",
+              f"gives the rows of data.task 'dataset', not of the {self.task!r} task (whose data is set in "
+              f"data.task_args); leave data.task at its default or set it to 'dataset'")
+        if ds is not None:
+            local = ds.startswith((".", "/", "~")) or Path(ds).suffix.lower() in DATA_FILE_SUFFIXES
+            check(not local or Path(ds).expanduser().exists(), f"{p}.dataset",
+                  f"file or folder not found: {ds} (a hub id is 'owner/name')")
+        unknown = sorted(set(self.columns) - {"prompt", "answer"})
+        check(not unknown, f"{p}.columns", f"maps 'prompt' and 'answer' to dataset columns; unknown keys {unknown}")
+        for key, col in self.columns.items():
+            check((isinstance(col, str) and bool(col)) or (key == "answer" and col is None), f"{p}.columns.{key}",
+                  f"must be a column name{' (or null: no gold answer, no verifier)' if key == 'answer' else ''}, "
+                  f"got {col!r}")
+        check(0 <= self.eval_fraction < 1, f"{p}.eval_fraction", f"must be in [0, 1), got {self.eval_fraction}")
+        if self.prompt_template is not None:
+            try:
+                names = [f[1] for f in string.Formatter().parse(self.prompt_template) if f[1] is not None]
+            except ValueError as e:
+                names = [f"not a format string ({e})"]
+            bad = [n for n in names if not n or n.isdigit() or n.startswith("not a format")]
+            check(not bad, f"{p}.prompt_template", f"must name a row's columns ({{question}}) and double literal "
+                  f"braces (\\boxed{{{{}}}}), got {self.prompt_template!r}: {bad[0] if bad and bad[0] else '{}'}")
 
 
 @dataclass
@@ -188,6 +249,12 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every N steps; 0 = only at the end
     keep_last: int = 2
     eval_before_after: bool = True  # held-out accuracy before and after training
+    # with eval_before_after: also sample this many completions per held-out prompt and report pass@k and
+    # maj@k (tinyrl/passk.py) before and after training; 0: off. eval_k: the k ([]: 1, 2, 4, ... up to
+    # eval_samples); eval_temperature: their temperature (null: rollout.temperature)
+    eval_samples: int = 0
+    eval_k: list[int] = field(default_factory=list)
+    eval_temperature: Optional[float] = None
     # A run whose planned peak memory (the plan `tinyrl plan` prints) is above this device's memory is
     # refused at start, naming the fields to lower and the largest values that fit. true: start it anyway
     # (for a planner that overestimates your case; the run may then end in an out-of-memory error).
@@ -203,6 +270,16 @@ class TrainConfig:
         check(self.warmup_steps >= 0, f"{p}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         check(self.save_every >= 0, f"{p}.save_every", f"must be >= 0, got {self.save_every}")
         check(self.keep_last >= 1, f"{p}.keep_last", f"must be >= 1, got {self.keep_last}")
+        check(self.eval_samples >= 0, f"{p}.eval_samples", f"must be >= 0 (0: off), got {self.eval_samples}")
+        check(all(k >= 1 for k in self.eval_k), f"{p}.eval_k", f"every k must be >= 1, got {self.eval_k}")
+        if self.eval_samples:
+            k = max(self.eval_k, default=1)
+            check(k <= self.eval_samples, f"{p}.eval_k", f"k={k} needs {p}.eval_samples >= {k} (k <= samples), "
+                  f"got eval_samples={self.eval_samples}")
+            check(self.eval_before_after, f"{p}.eval_samples",
+                  f"pass@k runs with the held-out evaluation: set {p}.eval_before_after=true, or eval_samples=0")
+        t = self.eval_temperature
+        check(t is None or 0 < t < math.inf, f"{p}.eval_temperature", f"must be > 0 and finite, or null, got {t}")
 
 
 @dataclass
@@ -212,9 +289,24 @@ class LogConfig:
     samples_per_step: int = 4  # completions written to samples.jsonl each step
     progress: bool = True
     track_likelihood: bool = True  # re-score the batch after the update: policy KL, update clip frac, LLD
+    # experiment trackers to send step metrics, the config, alarms, sample tables and held-out results to
+    # (tinyrl/trackers): trackio, wandb, tensorboard (one name alone: a list of it); empty: none (none is imported)
+    report_to: Union[list[str], str] = field(default_factory=list)
+    samples_every: int = 10  # a table of the step's samples to the trackers every this many steps; 0: never
+    tracker_project: Optional[str] = None  # the trackers' project name; null: "tinyrl"
+
+    def __post_init__(self):
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
 
     def validate(self, p: str) -> None:
         check(self.samples_per_step >= 0, f"{p}.samples_per_step", f"must be >= 0, got {self.samples_per_step}")
+        check(self.samples_every >= 0, f"{p}.samples_every", f"must be >= 0 (0: no sample tables), got {self.samples_every}")
+        for i, name in enumerate(self.report_to):
+            check(name in TRACKERS, f"{p}.report_to[{i}]", f"must be one of {sorted(TRACKERS)}, got {name!r}")
+        check(len(set(self.report_to)) == len(self.report_to), f"{p}.report_to", f"names a tracker twice: {self.report_to}")
+        check(self.tracker_project is None or bool(self.tracker_project.strip()), f"{p}.tracker_project",
+              "must be a non-empty name or null")
         name = self.name
         if name is not None:
             check(inside_run_dir(name), f"{p}.name",

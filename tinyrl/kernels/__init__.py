@@ -33,7 +33,7 @@ def resolve_impl(impl: str, device) -> str:
     if impl == "auto":
         return "triton" if (is_cuda and HAS_TRITON) else "torch"
     if impl == "triton" and not HAS_TRITON:
-        raise ImportError("impl='triton' needs triton: pip install 'tinyrl[kernels]' (or use impl='torch')")
+        raise ImportError("impl='triton' needs triton: pip install 'tinyrl-rlvr[kernels]' (or use impl='torch')")
     return impl
 
 

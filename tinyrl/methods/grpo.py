@@ -67,7 +67,8 @@ def summary(trainer: Trainer, result: Run | None, error: str | None) -> Summary:
                    [a["name"] for a in trainer.monitor.fired],
                    dict(trainer.rewards.total_failures),
                    {"skipped_steps": st.skipped_steps, "no_signal_steps": st.no_signal_steps,
-                    "config_patches": st.config_patches})
+                    "config_patches": st.config_patches,
+                    **({"eval_sampled": st.eval_sampled} if st.eval_sampled else {})})  # pass@k, maj@k
 
 
 def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:

@@ -35,7 +35,7 @@ def require_trl():
         import trl  # noqa: F401
     except ImportError as e:
         raise ConfigError("stages: SFT (the sft, rest_em and star stages) runs on TRL, which is not installed: "
-                          "pip install 'tinyrl[sft]'") from e
+                          "pip install 'tinyrl-rlvr[sft]'") from e
 
 
 

@@ -22,6 +22,7 @@ import inspect
 import math
 
 from tinyrl.hardware import host_memory
+from tinyrl.model.quantize import is_quantized
 
 
 def reference_context(model):
@@ -106,13 +107,14 @@ def merged_lora_linears(model, budget: int | None = None, dequantize: bool = Fal
                 base = mod.base_layer if lora else mod
                 if lora and not _mergeable(mod):
                     continue
-                if type(base) is torch.nn.Linear and base.weight.is_floating_point() and lora:
+                quant = is_quantized(getattr(base, "weight", None))  # torchao int8 / fp8 (model.quantization): dequantised
+                if type(base) is torch.nn.Linear and base.weight.is_floating_point() and lora and not quant:
                     dense = base.weight
-                elif dequantize and _dequantizable(base, act):
+                elif dequantize and (quant and type(base) is torch.nn.Linear or _dequantizable(base, act)):
                     dense = None
                 else:
                     continue
-                size = base.weight.numel() * base.weight.element_size() if dense is not None else \
+                size = base.weight.numel() * base.weight.element_size() if dense is not None or quant else \
                     math.prod(base.weight.quant_state.shape) * act.itemsize
                 if used + size > budget:
                     continue
@@ -158,7 +160,10 @@ def _dequantizable(mod, act) -> bool:
 
 
 def _dequantized(mod):
-    """The float weight [out, in] a 4-bit linear multiplies by (bitsandbytes' own dequantisation)."""
+    """The float weight [out, in] a 4-bit linear multiplies by (bitsandbytes' own dequantisation; a torchao
+    int8 / fp8 weight's own)."""
+    if is_quantized(mod.weight):
+        return mod.weight.dequantize()
     import bitsandbytes.functional as bnbf
 
     return bnbf.dequantize_4bit(mod.weight.data, mod.weight.quant_state)

@@ -32,6 +32,14 @@ from typing import Callable
 from tinyrl.backends import unsloth as unsloth_backend  # imports unsloth itself only when it loads a model
 from tinyrl.errors import ModelLoadError
 from tinyrl.hardware import compute_dtype, cuda_capability
+from tinyrl.model.quantize import (
+    is_quantized,
+    log_quantized,
+    quantize_base,
+    quiet_import_noise,
+    quiet_peft_merge_warning,
+    transformers_config,
+)
 
 
 @dataclass
@@ -130,7 +138,8 @@ def _dtype(name: str):
 
 
 def load_base_model(cfg_model, resolved: ResolvedModel):
-    """The frozen base causal LM, in 4-bit nf4 when `load_in_4bit` (QLoRA)."""
+    """The frozen base causal LM, in 4-bit nf4 when `load_in_4bit` (QLoRA), its linears int8 / fp8
+    weight-only when `quantization` says so (tinyrl.model.quantize)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -146,6 +155,12 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
         )
         # one replica of the 4-bit base per process: on the device accelerate gave this rank (cuda:<local
         # rank>, set as the current device by PartialState; cuda:0 in a one-process run)
+        kw["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+    late_quantize = cfg_model.quantization != "none" and resolved.gguf_file is not None
+    if cfg_model.quantization != "none" and not late_quantize:
+        # torchao through transformers: each weight quantized as it loads, on the device it goes to (no
+        # 16-bit copy of the whole base, on a card or in RAM); the same tensors as quantize_base makes
+        kw["quantization_config"] = transformers_config(cfg_model.quantization)
         kw["device_map"] = {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.path, **kw)
@@ -165,6 +180,11 @@ def load_base_model(cfg_model, resolved: ResolvedModel):
     model.config.use_cache = False
     if cfg_model.load_in_4bit:
         keep_4bit_weights_trainable(model)
+        release_weight_file(model)
+    if late_quantize:  # GGUF weights de-quantized at load, then quantized here
+        quantize_base(model, cfg_model.quantization)
+    if cfg_model.quantization != "none":
+        log_quantized(model, cfg_model.quantization)
         release_weight_file(model)
     return model
 
@@ -194,7 +214,8 @@ def check_finite_weights(model, where: str, chunk: int = 1 << 24) -> None:
     for name, p in model.named_parameters():
         if not p.is_floating_point():
             continue  # packed 4-bit weights
-        flat = p.detach().reshape(-1)
+        # a torchao int8 / fp8 weight: its row scales (a NaN or inf row gives a NaN or inf scale)
+        flat = p.scale.detach().reshape(-1) if is_quantized(p) else p.detach().reshape(-1)
         if not all(bool(torch.isfinite(flat[i:i + chunk]).all()) for i in range(0, flat.numel(), chunk)):
             bad.append(name)
     if bad:
@@ -230,7 +251,7 @@ def release_weight_file(model) -> int:
     copied = 0
     with torch.no_grad():
         for t in itertools.chain(model.parameters(), model.buffers()):
-            if t.device.type == "cpu" and t.is_floating_point() and t.dtype.itemsize > 1:
+            if t.device.type == "cpu" and t.is_floating_point() and t.dtype.itemsize > 1 and not is_quantized(t):
                 t.data = t.data.clone()
                 copied += t.numel() * t.element_size()
     gc.collect()
@@ -308,9 +329,12 @@ def quiet_third_party_noise() -> None:
     nothing about their run: bitsandbytes' "Failed to load CPU gemm_4bit_forward from
     kernels-community" (on AVX512-BF16 CPUs it tries to fetch a kernel for the packed inference
     path, which `keep_4bit_weights_trainable` switches off anyway), and transformers'
-    FutureWarning on `is_gradient_checkpointing`, which peft's model wrapper reads."""
+    FutureWarning on `is_gradient_checkpointing`, which peft's model wrapper reads; and torchao's
+    import notices (tinyrl.model.quantize.quiet_import_noise)."""
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropMessage("gemm_4bit_forward from kernels-community"))
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    quiet_peft_merge_warning()
+    quiet_import_noise()  # transformers imports torchao wherever it is installed
 
 
 def resolve_adapter(path: str) -> str:

@@ -4,7 +4,9 @@ Every function here is integer arithmetic on an `Arch` and a `Setup`, and each f
 the code whose allocations it counts:
 
 - weights: bf16/fp16/fp32 tensors, or bitsandbytes nf4 with double quantisation (4-bit
-  codes, one uint8 absmax per 64 weights, one fp32 absmax per 256 of those). The other
+  codes, one uint8 absmax per 64 weights, one fp32 absmax per 256 of those), or torchao int8 /
+  fp8 weight-only (`model.quantization`: one byte a weight, one fp32 scale an output row; with
+  the vllm engine one copy, vLLM's, that the trainer's linears are views of). The other
   parameters (embeddings, lm_head, norms, biases) stay in model.dtype under QLoRA too
   (tinyrl.model.load.prepare_for_training; peft's own preparation would cast them to fp32),
   and so do the residual stream, every activation and the HF engine's KV cache.
@@ -69,6 +71,7 @@ class Setup:
     loss_impl: str = "torch"  # "torch" | "triton" (auto resolved by the caller)
     share_weights: bool = True  # vLLM: the trainer's frozen base is a view of vLLM's
     eval_rows: int = 64  # evaluate.accuracy batch
+    quantization: str = "none"  # model.quantization: none | int8 | fp8 (torchao weight-only)
 
     @property
     def rows(self) -> int:
@@ -112,12 +115,33 @@ def nf4_bytes(numel: int, blocksize: int = NF4_BLOCK, double_quant: bool = True)
     return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_BLOCK2) + 256 * 4 + 16 * 4 + 4
 
 
+def rowwise_8bit_bytes(fan_in: int, fan_out: int) -> int:
+    """Bytes of one torchao int8 / fp8 weight-only linear: one byte a weight + one fp32 scale a row
+    (`Int8Tensor` / `Float8Tensor`, PerRow; the scales stay fp32 under a bf16 model too).
+
+    >>> rowwise_8bit_bytes(896, 4864)  # Qwen2.5-0.5B gate_proj: 4358144 + 4 * 4864
+    4377600
+    """
+    return fan_in * fan_out + 4 * fan_out
+
+
+def vllm_weight_bytes(s: Setup) -> int:
+    """What vLLM holds of the base: the model dtype, or the int8 / fp8 linears (+ 16-bit rest) when
+    model.quantization quantizes it at load (its torchao method)."""
+    if s.quantization != "none":
+        return sum(weight_bytes(s).values())
+    return s.arch.num_params * s.dtype_bytes
+
+
 def weight_bytes(s: Setup) -> dict[str, int]:
-    """Trainer base weights by part. QLoRA: 4-bit linears, everything else in model.dtype."""
+    """Trainer base weights by part. QLoRA: 4-bit linears; int8 / fp8: 1-byte linears; everything else
+    in model.dtype."""
     a = s.arch
     other = s.dtype_bytes
     if s.load_in_4bit:
         linears = a.num_layers * sum(nf4_bytes(i * o) for i, o, _ in a.linears().values())
+    elif s.quantization != "none":
+        linears = a.num_layers * sum(rowwise_8bit_bytes(i, o) for i, o, _ in a.linears().values())
     else:
         linears = a.linear_weight_params * s.dtype_bytes
     return {"linears": linears, "embeddings": a.embedding_params * other, "lm_head": a.lm_head_params * other,
@@ -227,8 +251,9 @@ def loss_bytes(s: Setup, rows: int) -> dict[str, int]:
 
 
 def dequant_scratch_bytes(s: Setup) -> int:
-    """QLoRA: the largest linear dequantised to the compute dtype (forward, and again in backward)."""
-    if not s.load_in_4bit:
+    """QLoRA (and int8 / fp8, counted alike: torchao's weight-only matmul may dequantise): the largest
+    linear dequantised to the compute dtype (forward, and again in backward)."""
+    if not s.load_in_4bit and s.quantization == "none":
         return 0
     return max(i * o for i, o, _ in s.arch.linears().values()) * s.dtype_bytes
 
@@ -280,7 +305,7 @@ def decode_copy_bytes(s: Setup, ram: int) -> int:
     if s.device != "cpu":
         return 0
     a = s.arch
-    if s.load_in_4bit:
+    if s.load_in_4bit or s.quantization != "none":  # every quantized linear dequantised (+ dW)
         copied = a.linear_weight_params
     else:
         copied = a.num_layers * sum(i * o for name, (i, o, _) in a.linears().items() if name in s.targets)

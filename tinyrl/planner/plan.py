@@ -78,7 +78,8 @@ def setup_from_config(cfg, device: str, world_size: int = 1, prompt_tokens: int 
         micro_batch=cfg.train.micro_batch_size,
         prompt_tokens=prompt_tokens or TYPICAL_PROMPT_TOKENS.get(cfg.data.task, 256),
         new_tokens=cfg.rollout.max_new_tokens, engine=cfg.rollout.engine, chunk_size=cfg.algo.chunk_size,
-        loss_impl=impl, eval_rows=min(EVAL_BATCH, cfg.data.num_eval) if cfg.train.eval_before_after else 0)
+        loss_impl=impl, eval_rows=min(EVAL_BATCH, cfg.data.num_eval) if cfg.train.eval_before_after else 0,
+        quantization=cfg.model.quantization)
 
 
 # --------------------------------------------------------------------------- rows
@@ -88,8 +89,10 @@ def _persistent(s: M.Setup) -> list[Row]:
     w = M.weight_bytes(s)
     shared = s.engine == "vllm" and s.device == "cuda" and s.share_weights and not s.load_in_4bit
     where = " (shared with vLLM: one copy)" if shared else ""
-    kind = "nf4 + double quant" if s.load_in_4bit else f"{8 * s.dtype_bytes}-bit"
-    rows = [Row(f"base weights: linears ({kind}){where}", w["linears"], "always"),
+    kind = "nf4 + double quant" if s.load_in_4bit else \
+        s.quantization if s.quantization != "none" else f"{8 * s.dtype_bytes}-bit"
+    rows = [Row(f"base weights: linears ({kind}){where}", w["linears"], "always",
+                "1 B a weight + an fp32 scale a row (torchao)" if s.quantization != "none" else ""),
             Row("base weights: embeddings", w["embeddings"], "always")]
     if w["lm_head"]:
         rows.append(Row("base weights: lm_head", w["lm_head"], "always"))
@@ -109,8 +112,9 @@ def _update(s: M.Setup) -> list[Row]:
             Row("fused loss + backward: transient buffers",
                 max(loss["forward"], loss["backward"] + M.backward_transient_bytes(s, mb)), "update",
                 f"chunk {min(s.chunk_size, mb * s.new_tokens)} x vocab tile")]
-    if s.load_in_4bit:
-        rows.append(Row("nf4 dequantisation scratch (largest linear)", M.dequant_scratch_bytes(s), "update"))
+    if s.load_in_4bit or s.quantization != "none":
+        rows.append(Row(f"{'nf4' if s.load_in_4bit else s.quantization} dequantisation scratch (largest linear)",
+                        M.dequant_scratch_bytes(s), "update"))
     return rows
 
 
@@ -125,7 +129,8 @@ def _hf_rollout(s: M.Setup, ram: int) -> list[Row]:
             Row("prefill + sampling buffers", r["prefill"] + r["sampling"], "rollout")]
     copies = M.decode_copy_bytes(s, ram)
     if copies:
-        what = "nf4 linears dequantised" if s.load_in_4bit else "LoRA linears merged (W + dW)"
+        what = "nf4 linears dequantised" if s.load_in_4bit else \
+            f"{s.quantization} linears dequantised" if s.quantization != "none" else "LoRA linears merged (W + dW)"
         rows.append(Row(f"decode copies: {what}", copies, "rollout", "CPU only, within 1/8 of the RAM"))
     return rows
 
@@ -133,7 +138,7 @@ def _hf_rollout(s: M.Setup, ram: int) -> list[Row]:
 def _vllm(s: M.Setup, total: int, util: float, max_num_seqs: int) -> tuple[list[Row], list[str]]:
     """vLLM's rows (weights it adds, KV cache, overhead, startup) and problems that stop it starting."""
     a = s.arch
-    weights = a.num_params * s.dtype_bytes
+    weights = M.vllm_weight_bytes(s)
     kv_need = M.kv_cache_bytes(a, min(s.rows, max_num_seqs), s.seq, s.dtype_bytes, M.VLLM_BLOCK)
     over = M.vllm_overhead_bytes(s, max_num_seqs, total)
     share = int(util * total)
@@ -152,11 +157,21 @@ def _vllm(s: M.Setup, total: int, util: float, max_num_seqs: int) -> tuple[list[
         problems.append(f"vLLM's share ({util:.2f} x card = {share / M.GiB:.1f} GiB) is below its weights + "
                         f"overhead + one sequence's KV cache: vLLM cannot start")
     rows.append(Row("vLLM profile activations + sampler", over - M.VLLM_FIXED, "rollout"))
-    held = sum(M.weight_bytes(s).values()) + 4 * M.lora_params(s)
-    rows.append(Row("startup: trainer base + LoRA params on the card", held, "startup",
+    held = _held_at_startup(s)
+    staged = s.quantization != "none" and s.share_weights
+    rows.append(Row("startup: trainer LoRA params on the card" if staged else
+                    "startup: trainer base + LoRA params on the card", held, "startup",
+                    f"its {s.quantization} base waits in host RAM" if staged else
                     "before vLLM's tensors back the trainer" if not s.load_in_4bit else ""))
     rows.append(Row(f"startup: vLLM's share ({util:.2f} x card)", share, "startup"))
     return rows, problems
+
+
+def _held_at_startup(s: M.Setup) -> int:
+    """What the trainer holds on the card while vLLM starts: its base and LoRA, or, for an int8 / fp8
+    base to be shared, the LoRA only (tinyrl.rollout.vllm.stage_in_host_ram moves the base off first)."""
+    lora = 4 * M.lora_params(s)
+    return lora if s.quantization != "none" and s.share_weights else sum(M.weight_bytes(s).values()) + lora
 
 
 def build(s: M.Setup, budget: int, budget_label: str = "", util: float | None = None,
@@ -193,8 +208,14 @@ def _notes(p: Plan) -> list[str]:
         kept = w["embeddings"] + w["lm_head"] + w["norms+biases"]
         out.append(f"QLoRA: embeddings/lm_head/norms stay {8 * s.dtype_bytes}-bit ({kept / M.GiB:.2f} GiB; peft's "
                    f"k-bit preparation would cast them to fp32) and so do the activations")
+    if s.quantization != "none":
+        out.append(f"{s.quantization} (torchao weight-only): linears at 1 byte a weight + an fp32 scale a row; "
+                   f"embeddings/lm_head/norms stay {8 * s.dtype_bytes}-bit"
+                   + ("; vLLM quantizes the base and the trainer's linears are views of it" if s.engine == "vllm" else ""))
     if s.engine == "vllm" and s.device == "cuda" and p.phases.get("startup", 0) > p.phases["update"]:
-        out.append("startup is the peak: the trainer's base copy and vLLM's share coexist until sharing")
+        out.append("startup is the peak: vLLM's share loads while the trainer's int8 base waits in host RAM"
+                   if s.quantization != "none" and s.share_weights else
+                   "startup is the peak: the trainer's base copy and vLLM's share coexist until sharing")
     return out
 
 
@@ -209,11 +230,11 @@ def vllm_settings_for(s: M.Setup, gpu_bytes: int) -> tuple[float, int]:
     (its base, before sharing) fits on the card. When the KV cache does not fit under the
     cap, max_num_seqs drops to what does (vLLM then runs the rollout in waves)."""
     a = s.arch
-    weights = a.num_params * s.dtype_bytes
+    weights = M.vllm_weight_bytes(s)
     per_seq = M.kv_cache_bytes(a, 1, s.seq, s.dtype_bytes, M.VLLM_BLOCK)
     seqs = max(1, s.rows)
     need = weights + M.vllm_overhead_bytes(s, seqs, gpu_bytes) + seqs * per_seq
-    held = sum(M.weight_bytes(s).values()) + 4 * M.lora_params(s)  # trainer state at vLLM startup
+    held = _held_at_startup(s)  # trainer state at vLLM startup
     cap = (gpu_bytes - M.CUDA_CONTEXT - held) / gpu_bytes - 0.02
     util = min(M.round_up(need / gpu_bytes + 0.02, 0.01), round(cap, 2))
     if util * gpu_bytes < need:
@@ -244,7 +265,7 @@ def vllm_settings(cfg, gpu_bytes: int, prompt_tokens: int | None = None) -> tupl
     if chosen != _default_util(cfg):
         a = s.arch
         per_seq = M.kv_cache_bytes(a, 1, s.seq, s.dtype_bytes, M.VLLM_BLOCK)
-        room = chosen * gpu_bytes - a.num_params * s.dtype_bytes - M.vllm_overhead_bytes(s, s.rows, gpu_bytes)
+        room = chosen * gpu_bytes - M.vllm_weight_bytes(s) - M.vllm_overhead_bytes(s, s.rows, gpu_bytes)
         util, seqs = chosen, max(1, min(s.rows, int(room // per_seq)))
     return util, seqs
 

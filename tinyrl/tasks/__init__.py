@@ -13,6 +13,7 @@ from tinyrl.tasks.base import Task
 TASKS = Registry("data.task", {
     "arithmetic": "tinyrl.tasks.arithmetic:TASK",
     "gsm8k": "tinyrl.tasks.gsm8k:TASK",
+    "dataset": "tinyrl.tasks.dataset:TASK",  # rows of data.dataset (tinyrl.data.load_rows builds them)
     "reasoning_gym": "tinyrl.tasks.reasoning_gym_task:TASK",
     "search_qa": "tinyrl.tasks.search_qa:TASK",
     "gaia": "tinyrl.tasks.search_qa:GAIA_TASK",

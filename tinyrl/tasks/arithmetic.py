@@ -100,8 +100,18 @@ def is_correct(completion: str, row: dict) -> bool:
     >>> is_correct("85 86", row), is_correct("85\\n86", row), is_correct("8 5", row), is_correct("", row)
     (False, False, False, False)
     """
+    return answer_of(completion, row) == str(row["answer"])
+
+
+def answer_of(completion: str, row: dict) -> str | None:
+    """The completion as an answer to vote on (maj@k): its text without the one optional newline;
+    None for an empty one. Exactly what `is_correct` compares with the answer.
+
+    >>> answer_of("85\\n", {}), answer_of(" 85", {}), answer_of("", {})
+    ('85', ' 85', None)
+    """
     text = completion[: -len(END)] if completion.endswith(END) else completion
-    return text == str(row["answer"])
+    return text or None
 
 
 TASK = Task(
@@ -110,4 +120,5 @@ TASK = Task(
     build=build,
     is_correct=is_correct,
     stop=[END],
+    answer_of=answer_of,
 )

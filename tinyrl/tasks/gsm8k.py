@@ -1,15 +1,23 @@
-"""The built-in "gsm8k" task: grade-school math word problems from local files in openai/gsm8k's format.
+"""The built-in "gsm8k" task: grade-school math word problems, openai/gsm8k from the hub or local files.
 
-Data is not shipped. Point the task at the dataset's files (jsonl or parquet, each row a
-`question` and an `answer` whose last line is `#### <number>`):
+Data is not shipped. With no `path` the task loads `openai/gsm8k` (config `main`: its `train`
+split to train on, `test` held out) through `datasets` (tinyrl.datasets_source: pip install
+'tinyrl-rlvr[data]'); offline (`HF_HUB_OFFLINE=1`) from the local cache, which this fills:
 
-    huggingface-cli download openai/gsm8k --repo-type dataset --local-dir gsm8k
+    hf download openai/gsm8k --repo-type dataset
+    tinyrl train qwen2.5-0.5b_grpo_math_gpu
+
+or point the task at local files in the same format (jsonl or parquet, each row a `question`
+and an `answer` whose last line is `#### <number>`):
+
+    hf download openai/gsm8k --repo-type dataset --local-dir gsm8k
     tinyrl train qwen2.5-0.5b_grpo_math_gpu data.task_args.path=gsm8k/main
 
-Task args: `path` (a file, or a folder holding `train*.{jsonl,parquet}` and optionally
-`test*.{jsonl,parquet}`), `test_path` (held-out file; default: the folder's test file, else
-a fixed 5% of the training file, chosen by a hash of the question so it never changes),
-`prompt` (a format string with `{question}`).
+Task args: `dataset` (a hub id or anything `data.dataset` takes; default openai/gsm8k) and
+`config` (default main), or `path` (a file, or a folder holding `train*.{jsonl,parquet}` and
+optionally `test*.{jsonl,parquet}`) and `test_path` (held-out file; default: the folder's test
+file, else a fixed 5% of the training file, chosen by a hash of the question so it never
+changes); `prompt` (a format string with `{question}`).
 
 Rows keep GSM8K's full `answer` (the reasoning and `#### n`); the verifier reads the number
 after `####` as the gold answer and scores a completion with tinyrl's math verifier
@@ -19,13 +27,17 @@ after `####` as the gold answer and scores a completion with tinyrl's math verif
 from __future__ import annotations
 
 import json
+import math
 import random
 import zlib
 from pathlib import Path
 
-from tinyrl.rewards.math import gold_answer, math_scores
+from tinyrl.datasets_source import load_splits
+from tinyrl.rewards.guards import normalize_answer
+from tinyrl.rewards.math import extract_answer, gold_answer, math_scores
 from tinyrl.tasks.base import Task
 
+HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HELD_OUT_PERCENT = 5  # share of a lone training file held out when there is no test file
 _SUFFIXES = (".jsonl", ".parquet")
@@ -42,14 +54,29 @@ def read_rows(path: str | Path) -> list[dict]:
         rows = _read_parquet(path)
     else:
         raise ValueError(f"gsm8k: {path} is neither .jsonl nor .parquet")
+    return check_rows(rows, str(path))
+
+
+def check_rows(rows: list[dict], where: str) -> list[dict]:
+    """`rows`, each checked to have a `question` and an `answer` ending in `#### <number>`."""
     for i, r in enumerate(rows):
         missing = [k for k in ("question", "answer") if k not in r]
         if missing:
-            raise ValueError(f"gsm8k: row {i} of {path} lacks {missing} (openai/gsm8k rows have 'question' "
-                             f"and 'answer' ending in '#### <number>')")
+            raise ValueError(f"gsm8k: row {i} of {where} lacks {missing} (openai/gsm8k rows have 'question' "
+                             f"and 'answer' ending in '#### <number>'); it has {sorted(r)[:10]}")
         if "####" not in str(r["answer"]):
-            raise ValueError(f"gsm8k: row {i} of {path}: its answer has no '#### <number>' line")
+            raise ValueError(f"gsm8k: row {i} of {where}: its answer has no '#### <number>' line")
     return rows
+
+
+def hub_rows(dataset: str, config: str | None) -> tuple[list[dict], list[dict] | None]:
+    """(train rows, test rows or None) of a GSM8K-format dataset loaded through `datasets`."""
+    splits = load_splits(dataset, config, None, field="data.task_args")
+    if "train" not in splits:
+        raise ValueError(f"gsm8k: {dataset!r} has no 'train' split; its splits: {sorted(splits)}")
+    where = f"{dataset} ({config or 'default'})"
+    test = check_rows(splits["test"].to_list(), f"{where}, split test") if "test" in splits else None
+    return check_rows(splits["train"].to_list(), f"{where}, split train"), test
 
 
 def _read_parquet(path: Path) -> list[dict]:
@@ -76,11 +103,7 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _files(path: str | None, test_path: str | None) -> tuple[Path, Path | None]:
-    if not path:
-        raise ValueError("gsm8k: no data file. Set data.task_args.path to a GSM8K train file or folder "
-                         "(jsonl or parquet; e.g. `huggingface-cli download openai/gsm8k --repo-type dataset "
-                         "--local-dir gsm8k`, then data.task_args.path=gsm8k/main)")
+def _files(path: str, test_path: str | None) -> tuple[Path, Path | None]:
     p = Path(path).expanduser()
     if p.is_dir():
         train = _find(p, "train")
@@ -100,13 +123,16 @@ def make_row(raw: dict, prompt: str = PROMPT) -> dict:
 
 
 def build(num_train: int, num_eval: int, seed: int = 0, path: str | None = None, test_path: str | None = None,
-          prompt: str = PROMPT) -> tuple[list[dict], list[dict]]:
-    """(train_rows, eval_rows): seeded samples of the train and held-out files (or hash-split train file)."""
-    train_file, test_file = _files(path, test_path)
-    train_raw = read_rows(train_file)
-    if test_file is not None:
-        held_raw = read_rows(test_file)
+          prompt: str = PROMPT, dataset: str = HUB_ID, config: str | None = HUB_CONFIG,
+          ) -> tuple[list[dict], list[dict]]:
+    """(train_rows, eval_rows): seeded samples of the train and held-out splits or files (a lone train file
+    or split: hash-split)."""
+    if path:
+        train_file, test_file = _files(path, test_path)
+        train_raw, held_raw = read_rows(train_file), read_rows(test_file) if test_file is not None else None
     else:
+        train_raw, held_raw = hub_rows(dataset, config)
+    if held_raw is None:
         held_raw = [r for r in train_raw if is_held_out(r["question"])]
         train_raw = [r for r in train_raw if not is_held_out(r["question"])]
     rng = random.Random(f"gsm8k-{seed}")
@@ -128,10 +154,34 @@ def is_correct(completion: str, row: dict) -> bool:
     return bool(score)
 
 
+def answer_of(completion: str, row: dict) -> str | None:
+    """The final answer `is_correct` grades (the math verifier's strict extraction, the question's
+    echo cut), normalised for voting (maj@k): a number by its value, other answers by their text.
+
+    >>> [answer_of(c, {"question": "q"}) for c in ("\\\\boxed{18}", "#### 18.00", "\\\\boxed{1,200}", "no answer")]
+    ['18', '18', '1200', None]
+    >>> answer_of("so \\\\boxed{\\\\frac{1}{2}}", {"question": "q"})
+    '\\\\frac{1}{2}'
+    """
+    found = extract_answer(completion, "strict", row.get("question"))
+    if found is None:
+        return None
+    found = normalize_answer(found)
+    try:
+        value = float(found)
+    except ValueError:
+        return found
+    if not math.isfinite(value):
+        return found
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
 TASK = Task(
     name="gsm8k",
-    description="GSM8K-format math word problems from local jsonl/parquet (data.task_args.path); "
+    description="GSM8K math word problems: openai/gsm8k through `datasets` (data.task_args.dataset) or local "
+                "jsonl/parquet (data.task_args.path); "
                 "answer by value from \\boxed{}, ####, <answer> or 'the answer is'",
     build=build,
     is_correct=is_correct,
+    answer_of=answer_of,
 )

@@ -19,7 +19,7 @@ leniently (`\boxed{}`, "the answer is ...", else the last number), after cutting
 copied from the question. Small instruct models answer "8 + 2 = 10" and seldom write the tags;
 "flexible" grades what they compute, "tags" also grades the format.
 
-Needs `pip install 'tinyrl[gym]'`.
+Needs `pip install 'tinyrl-rlvr[gym]'`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _rg():
     try:
         import reasoning_gym  # noqa: PLC0415 (lazy: an optional extra, slow to import)
     except ImportError as e:
-        raise ImportError("the reasoning_gym task needs reasoning-gym: pip install 'tinyrl[gym]'") from e
+        raise ImportError("the reasoning_gym task needs reasoning-gym: pip install 'tinyrl-rlvr[gym]'") from e
     return reasoning_gym
 
 

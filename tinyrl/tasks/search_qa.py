@@ -28,7 +28,14 @@ from tinyrl.agents.data import load_gaia, load_qa_rows
 from tinyrl.agents.demonstrations import Answer, Call
 from tinyrl.agents.prompts import question_prompt
 from tinyrl.agents.world import QUESTIONS, answer, read_world
-from tinyrl.rewards.qa import em_check, extract_answer, extract_gaia_answer, f1_score, gaia_question_scorer
+from tinyrl.rewards.qa import (
+    em_check,
+    extract_answer,
+    extract_gaia_answer,
+    f1_score,
+    gaia_question_scorer,
+    normalize_answer,
+)
 from tinyrl.tasks.base import Task
 
 
@@ -76,6 +83,16 @@ def is_correct(completion: str, row: dict) -> bool:
     return em_check(extract_answer(completion), row["golden_answers"])
 
 
+def answer_of(completion: str, row: dict) -> str | None:
+    """The last `<answer>`, normalised as Search-R1's EM compares it (the answer maj@k votes on).
+
+    >>> answer_of("<answer> The Kelmora. </answer>", {}), answer_of("no tag", {})
+    ('kelmora', None)
+    """
+    found = extract_answer(completion)
+    return (normalize_answer(found) or None) if found is not None else None
+
+
 def qa_scores(completion: str, row: dict) -> dict[str, float]:
     """Search-R1's EM and token F1 of the last `<answer>` (the evaluation report's extra columns)."""
     answer = extract_answer(completion)
@@ -113,6 +130,7 @@ TASK = SearchTask(
     is_correct=is_correct,
     scores=qa_scores,
     demonstrate=demonstrate,
+    answer_of=answer_of,
     corpus=str(world_dir() / "corpus.jsonl"),
 )
 
