@@ -62,6 +62,16 @@ def agent(rows: list[dict], seed: int = 0) -> list[dict]:
     return rows
 
 
+def code(rows: list[dict]) -> list[dict]:
+    """Give a history the sandbox counts of a healthy code run (tinyrl.rewards.code tallies, 16
+    completions a step): passes grow with the reward, one completion in 16 writes no code."""
+    for r in rows:
+        passed = round(16 * r["reward_mean"])
+        r.update({"sandbox/pass": passed, "sandbox/fail": 15 - passed, "sandbox/no_code": 1, "sandbox/timeout": 0,
+                  "sandbox/crash": 0, "sandbox/output_limit": 0, "sandbox/error": 0, "sandbox/exit_call": 0})
+    return rows
+
+
 def feed(rows: list[dict], cfg: MonitorConfig | None = None) -> list[Alarm]:
     mon = Monitor(cfg or MonitorConfig())
     out = []
@@ -196,6 +206,13 @@ CASES = [
     ("tool_errors", "20% of tool calls fail", lambda r: patch(agent(r), "tool_error_rate", _set(0.2)), None),
     ("tool_errors", "every call fails, but almost no calls are made",
      lambda r: patch(patch(agent(r), "tool_error_rate", _set(1.0), 10), "tool_calls_per_traj", _set(0.05), 1), None),
+    ("sandbox_gaming", "half the completions write no code block while reward rises",
+     lambda r: patch(code(r), "sandbox/no_code", _set(8), 20), 23),
+    ("sandbox_gaming", "a third of the completions call sys.exit while reward rises",
+     lambda r: patch(code(r), "sandbox/exit_call", _set(6), 20), 23),
+    ("sandbox_gaming", "half the completions write no code, reward flat",
+     lambda r: patch(patch(code(r), "sandbox/no_code", _set(8), 20), "reward_mean", _set(0.3)), None),
+    ("sandbox_gaming", "a healthy code run (one completion in 16 without code)", code, None),
     ("truncation", "20% truncated", lambda r: patch(r, "truncated_frac", _set(0.2), 10), 12),
     ("truncation", "2% truncated", lambda r: patch(r, "truncated_frac", _set(0.02), 10), None),
 ]

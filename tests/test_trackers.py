@@ -340,3 +340,25 @@ def test_only_rank_0_opens_trackers(tmp_path):
     main = open_trackers(cfg, tmp_path / "r0", is_main=True)
     main.close()
     assert main and (tmp_path / "r0" / "tensorboard").is_dir() and (tmp_path / "r0" / STATE_FILE).is_file()
+
+
+def test_sft_logs_its_steps_to_the_trackers(tmp_path):
+    """`tinyrl sft` (TRL's SFTTrainer) hands each logged step to log.report_to, as GRPO does."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tinyrl.cli import main
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n"
+                            for a in range(10, 40) for b in (11, 23)))
+    code = main(["sft", "tiny_sft_cpu", f"data={rows}", f"log.run_dir={tmp_path / 'runs'}", "log.name=sft",
+                 "sft.max_steps=3", "sft.batch_size=8", "data.num_eval=8", "log.progress=false",
+                 "log.report_to=tensorboard"])
+    assert code == 0
+    run = tmp_path / "runs" / "sft"
+    ea = EventAccumulator(str(run / "tensorboard"))
+    ea.Reload()
+    logged = {e.step: e.value for e in ea.Scalars("loss")}
+    written = {m["step"]: m["loss"] for m in read_jsonl(run / "metrics.jsonl")}
+    assert list(written) == [1, 2, 3] and logged == pytest.approx(written, rel=1e-6)
+    assert "tensorboard" in json.loads((run / STATE_FILE).read_text())

@@ -12,6 +12,10 @@ observations spliced into an agent's completion are not the policy's and never c
     update_rows_skipped_frac   rows the update did not train on (zero advantage, no other term)
     update_kl                  KL(pi_old || pi_new) per token, re-scored after the update (Trainer.measure_update)
     ref_kl / pass_kl           KL(pi || reference) / KL(pi_old || pi) inside the loss (tinyrl.algo.losses)
+    sandbox/<outcome>          code rewards only: completions per sandbox outcome (pass, fail, timeout, crash,
+    sandbox/exit_call          output_limit, no_code, error), those calling sys.exit & co., and the seconds
+    sandbox_time               spent in the sandbox; every sampling round and rank summed (tinyrl.rewards.code,
+                               through RewardReport.tallies and the trainer's collect_batch)
 """
 
 from __future__ import annotations

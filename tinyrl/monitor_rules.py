@@ -32,6 +32,9 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
     tool_use_collapse    alarm     tool calls per trajectory fall below 10% of their peak (>= 0.5)
     tool_loop            alarm     > 90% of trajectories end at agent.max_turns (window mean)
     tool_errors          alarm     > 50% of tool calls fail (window mean), at >= 0.2 calls per trajectory
+    sandbox_gaming       alarm     code RL: the share of completions with no code block, an exit call
+                                   (sys.exit, os._exit, exit(), SystemExit) or too much output rises
+                                   by >= 0.2 (to >= 0.3, window mean) while reward rises
     truncation           warning   > 5% of completions hit max_new_tokens (window mean)
 """
 
@@ -351,6 +354,40 @@ def tool_errors(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     return None
 
 
+SANDBOX_RUNS = ("pass", "fail", "timeout", "crash", "output_limit", "no_code", "error")  # tinyrl.rewards.code.OUTCOMES
+SANDBOX_GAMED = ("no_code", "exit_call", "output_limit")
+
+
+def _gamed_share(rows: list[dict]) -> Optional[tuple[float, dict[str, float]]]:
+    """(share of completions that look gamed, share per kind) over `rows`' sandbox counts; None without them."""
+    runs = sum(sum(_vals(rows, f"sandbox/{k}")) for k in SANDBOX_RUNS)
+    if not runs:
+        return None
+    kinds = {k: sum(_vals(rows, f"sandbox/{k}")) / runs for k in SANDBOX_GAMED}
+    return min(1.0, sum(kinds.values())), kinds
+
+
+def sandbox_gaming(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Code RL: the policy learns to game the sandbox instead of passing its tests: the share of
+    completions with no code block, with an exit call (sys.exit / os._exit / exit() / SystemExit:
+    leaving before the checks) or over the output limit rises well above its early value while
+    reward rises (a reward that pays for those, e.g. a format or partial-credit term). Silent
+    where no sandbox ran (no sandbox/* counts in the metrics)."""
+    if len(h) < c.baseline_steps + c.window:
+        return None
+    base, cur = _gamed_share(h[: c.baseline_steps]), _gamed_share(h[-c.window:])
+    if base is None or cur is None:
+        return None
+    base_r, cur_r = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _mean(_vals(h[-c.window:], "reward_mean"))
+    if cur[0] >= c.gaming_share_min and cur[0] - base[0] >= c.gaming_rise and cur_r > base_r + c.reward_rise:
+        kinds = ", ".join(f"{k} {v:.0%}" for k, v in cur[1].items() if v)
+        return Finding(f"{cur[0]:.0%} of completions game the sandbox ({kinds}; {base[0]:.0%} early on) while "
+                       f"reward rose ({base_r:.3f} -> {cur_r:.3f})",
+                       "read samples.jsonl: a reward term pays for code that does not pass the tests (drop or "
+                       "lower a format reward, use the task's reward: all_pass); the sandbox itself scores these 0")
+    return None
+
+
 def truncation(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """A notice (warning): a share of completions hits max_new_tokens; their answers are cut."""
     t = _window_mean(h, "truncated_frac", min(c.window, len(h)))
@@ -380,5 +417,6 @@ RULES: dict[str, Rule] = {
     "tool_use_collapse": Rule(tool_use_collapse),
     "tool_loop": Rule(tool_loop),
     "tool_errors": Rule(tool_errors),
+    "sandbox_gaming": Rule(sandbox_gaming),
     "truncation": Rule(truncation, severity="warning"),
 }

@@ -192,14 +192,14 @@ class Trainer:
         B, G = cfg.train.prompts_per_step, cfg.rollout.num_generations
         kept: list[Rollouts] = []
         n_kept = dropped = rounds = 0
-        failures: dict[str, int] = {}
+        counts: dict[str, float] = {}  # failed samples per reward; what the rewards tallied (sandbox outcomes)
         while True:
             first, rows = self.prompts.take(B - n_kept)  # [dist] this rank's share; `first`: its stream position
             local = 0
             if rows:  # [dist] in a late dynamic-sampling round a rank may get no prompt
                 batch = self.generate(rows, G, stream=first)  # 1
                 for k, v in self.reward(batch).items():  # 2
-                    failures[k] = failures.get(k, 0) + v
+                    counts[k] = counts.get(k, 0) + v
                 self.shape(batch)  # 3
                 last_full = batch
                 if cfg.algo.dynamic_sampling:
@@ -214,10 +214,10 @@ class Trainer:
                 break
         # No informative group at all within the cap: train on the last batch (all advantages 0).
         batch = Rollouts.concat(kept) if kept else last_full if n_kept == 0 else last_full.select([])
-        failures = distributed.sum_counts(self.dist, failures)  # [dist]
+        counts = distributed.sum_counts(self.dist, counts)  # [dist]
         return batch, {"dynamic_dropped_groups": int(self.dist.all_reduce_sum(dropped)), "sampling_rounds": rounds,
-                       "reward_failures": sum(failures.values()),
-                       **{f"reward_failures/{k}": v for k, v in failures.items()}}
+                       "reward_failures": sum(v for k, v in counts.items() if k.startswith("reward_failures/")),
+                       **counts}
 
     def generate(self, rows: list[dict], n: int, stream: int | None = None) -> Rollouts:
         """n samples of each row's prompt. On an out-of-memory error the prompts go to the engine in
@@ -240,10 +240,10 @@ class Trainer:
                 log.warning("out of memory in the rollout: %d prompts (x %d samples) per engine call from now on; "
                             "sampling again", self.state.rollout_prompts, n)
 
-    def reward(self, batch: Rollouts) -> dict[str, int]:
-        """Fill the batch's rewards; returns failed samples per reward component."""
+    def reward(self, batch: Rollouts) -> dict[str, float]:
+        """Fill the batch's rewards; returns its counts (`RewardReport.counts`: failures, sandbox outcomes)."""
         _, report = score_rollouts(batch, self.rewards)
-        return report.failures
+        return report.counts()
 
     def shape(self, batch: Rollouts) -> None:
         """DAPO's soft overlong punishment, on the tokens the policy sampled."""

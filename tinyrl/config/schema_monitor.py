@@ -96,6 +96,11 @@ class MonitorConfig:
     tool_error_min_calls: float = 0.2  # ... while the agent makes at least this many calls per trajectory
     tool_errors_steps: int = 2
     tool_errors_cooldown: int = 50
+    # sandbox_gaming (code RL): completions that skip the tests rise while reward rises
+    gaming_share_min: float = 0.3  # share (window) of completions with no code, an exit call or too much output ...
+    gaming_rise: float = 0.2  # ... at least this far above its early-run share
+    sandbox_gaming_steps: int = 1  # (the window mean is the noise guard)
+    sandbox_gaming_cooldown: int = 50
     # truncation (a warning)
     truncation_max: float = 0.05  # window mean of truncated_frac above this
     truncation_steps: int = 2

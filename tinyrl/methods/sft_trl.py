@@ -12,6 +12,7 @@ import logging
 import math
 import shutil
 import warnings
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tinyrl.methods.sft_data import agent_for, tokenize
 from tinyrl.model import checkpointing_on
 from tinyrl.runs import truncate_jsonl
 from tinyrl.stop import StopSignals
+from tinyrl.trackers.fanout import open_trackers
 
 log = logging.getLogger("tinyrl.sft")
 
@@ -87,13 +89,15 @@ def _trl_config(TRLSFTConfig, cfg, s, output_dir, steps_per_epoch, cuda):
 
 
 class MetricsCallback:
-    """Writes TRL's training logs to metrics.jsonl: one row per logging step, `step` = optimiser step.
+    """Writes TRL's training logs to metrics.jsonl: one row per logging step, `step` = optimiser step,
+    and hands each row to the run's trackers (log.report_to; tinyrl.trackers), as the GRPO trainer does.
 
     TRL's `learning_rate` is written as `lr` (the GRPO trainer's name for it); the last log
     (train_runtime, train_loss) is kept in `final` for summary.json, not written as a row."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, trackers=None):
         self.path = path
+        self.trackers = trackers
         self.final: dict = {}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -108,6 +112,8 @@ class MetricsCallback:
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if _finite(v)}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.trackers:
+            self.trackers.log_step(row["step"], row, [], [])
 
 
 def _finite(v) -> bool:
@@ -211,8 +217,9 @@ def fit(cfg, model, tokenizer, rows: list[dict], folder: Path) -> FitResult:
     ckpt_dir = folder / "checkpoints"
     resume = last_checkpoint(ckpt_dir)
     truncate_jsonl(folder / "metrics.jsonl", _ckpt_step(resume))  # drop rows past the checkpoint
-    metrics = MetricsCallback(folder / "metrics.jsonl")
-    with StopSignals(defer=lambda: True, what="this optimiser step") as stop:
+    trackers = open_trackers(cfg, folder, is_main=True, start_step=_ckpt_step(resume))  # log.report_to
+    metrics = MetricsCallback(folder / "metrics.jsonl", trackers)
+    with closing(trackers), StopSignals(defer=lambda: True, what="this optimiser step") as stop:
         dataset = tokenize(rows, tokenizer, cfg.data, agent_for(cfg, tokenizer), cfg.rollout.max_new_tokens)
         trainer = make_trainer(cfg, model, tokenizer, dataset, ckpt_dir, [metrics, StopAtStep(stop)])
         if resume is not None:

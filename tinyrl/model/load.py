@@ -68,6 +68,7 @@ def _smollm2_135m() -> ResolvedModel:
 BUILTIN_MODELS: dict[str, Callable[[], ResolvedModel]] = {
     "tiny-arith": _asset("tiny-arith"),
     "tiny-search": _asset("tiny-search"),  # the search agent's tiny model (tinyrl.agents)
+    "tiny-code": _asset("tiny-code"),  # the code world's tiny model (scripts/pretrain_tiny_code.py)
     "smollm2-135m-instruct": _smollm2_135m,
 }
 

@@ -128,6 +128,8 @@ def _smol(name, H, L, nh, kv, I, src):
 _TABLE = [
     _qwen("qwen2.5-0.5b-instruct", 896, 24, 14, 2, 4864, 151936, True, "Qwen/Qwen2.5-0.5B-Instruct config.json"),
     _qwen("qwen2.5-1.5b-instruct", 1536, 28, 12, 2, 8960, 151936, True, "Qwen/Qwen2.5-1.5B-Instruct config.json"),
+    _qwen("qwen2.5-coder-1.5b-instruct", 1536, 28, 12, 2, 8960, 151936, True,  # Qwen2.5-1.5B's shapes (model card)
+          "Qwen/Qwen2.5-Coder-1.5B-Instruct config.json"),
     _qwen("qwen2.5-3b-instruct", 2048, 36, 16, 2, 11008, 151936, True, "Qwen/Qwen2.5-3B-Instruct config.json"),
     _qwen("qwen2.5-7b-instruct", 3584, 28, 28, 4, 18944, 152064, False, "Qwen/Qwen2.5-7B-Instruct config.json"),
     _llama("llama-3.2-1b-instruct", 2048, 16, 32, 8, 64, 8192, True, "meta-llama/Llama-3.2-1B config.json"),

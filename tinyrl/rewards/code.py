@@ -11,6 +11,12 @@ The reward is the fraction of checks passed (`partial=False`: 1.0 only when all 
 0 when the run times out, crashes, exits early or prints more than the output limit.
 A sandbox that could not start at all scores None (excluded: the model is not at fault).
 See `tinyrl.rewards.sandbox` for what the sandbox does and does not protect against.
+
+Each call tallies its outcomes (`tinyrl.rewards.tally`; the step's metrics.jsonl row sums them):
+`sandbox/<outcome>` per completion, one of OUTCOMES (`crash`: the code raised, exited or died
+before the checks ran to the end, a syntax error included; `error`: the sandbox could not run it,
+the sample is excluded), `sandbox/exit_call` for code that calls sys.exit / os._exit / exit /
+quit or raises SystemExit, and `sandbox_time`, the seconds the call spent running the sandboxes.
 """
 
 from __future__ import annotations
@@ -18,13 +24,38 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tinyrl.rewards import tally
 from tinyrl.rewards.guards import completion_text
 from tinyrl.rewards.sandbox import Limits, SandboxResult, run_tests
 
 log = logging.getLogger("tinyrl.rewards.code")
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_EXIT_CALL = re.compile(r"(?<![\w.])(?:sys\.exit|os\._exit|exit|quit)\s*\(|\bSystemExit\b")
+OUTCOMES = ("pass", "fail", "timeout", "crash", "output_limit", "no_code", "error")
+_BY_STATUS = {"timeout": "timeout", "crashed": "crash", "load_error": "crash", "output_limit": "output_limit"}
+
+
+def outcome_of(result: SandboxResult | None) -> str:
+    """One of OUTCOMES for a sandbox result (None: there was no code to run)."""
+    if result is None:
+        return "no_code"
+    if result.status == "ok":
+        return "pass" if result.score == 1.0 else "fail"
+    return _BY_STATUS.get(result.status, "error")
+
+
+def tally_outcomes(codes: list[str | None], results: list[SandboxResult | None], seconds: float) -> None:
+    """Tally one call's outcomes (every OUTCOMES key, 0 included: the call measured them all)."""
+    for name in OUTCOMES:
+        tally.add(f"sandbox/{name}", 0)
+    tally.add("sandbox/exit_call", 0)
+    for code, r in zip(codes, results):
+        tally.add(f"sandbox/{outcome_of(r)}")
+        tally.add("sandbox/exit_call", int(bool(code and _EXIT_CALL.search(code))))
+    tally.add("sandbox_time", seconds)
 
 
 def extract_code(completion, fenced_only: bool = True) -> str | None:
@@ -80,7 +111,9 @@ def code_tests_reward(prompts: list, completions: list, tests: list | None = Non
     tests = tests if tests is not None else columns[tests_column]
     codes = [extract_code(c, fenced_only) for c in completions]
     limits = Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb)
+    t0 = time.perf_counter()
     results = run_completions(codes, tests, entry_point, limits, workers, weak_isolation)
+    tally_outcomes(codes, results, time.perf_counter() - t0)
     out: list[float | None] = []
     for r in results:
         if r is None:

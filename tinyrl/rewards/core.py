@@ -16,7 +16,9 @@ NaN, +-inf, a non-number or a number beyond float32's range scores NaN alone. Ev
 failure is counted (`RewardReport.failures`, per component) and logged (the first few per
 component, then every 100th); a NaN total is excluded from advantages and from the loss, and
 never written to metrics as a number. Totals are combined in float64. A batch with no usable
-reward at all is said. Ctrl-C (KeyboardInterrupt) still stops the run.
+reward at all is said. Ctrl-C (KeyboardInterrupt) still stops the run. What a reward tallies on the
+way (`tinyrl.rewards.tally`: the code sandbox's outcome counts and seconds) comes back with its
+scores, from its process too, as `RewardReport.tallies`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 
 from tinyrl.errors import RewardImportError
 from tinyrl.registry import Registry, load_object
+from tinyrl.rewards import tally
 from tinyrl.rewards.isolation import CAN_FORK, RewardProcess
 
 log = logging.getLogger("tinyrl.rewards")
@@ -216,13 +219,15 @@ def to_score(v) -> float:
     return f if abs(f) <= FLOAT32_MAX else math.nan  # NaN and +-inf fail the test too
 
 
-def outcome(fn, kwargs: dict, n: int) -> tuple[list[float], tuple | None]:
-    """`fn(**kwargs)` as n scores, and (how many, first index, its value's repr) of the samples that scored
-    no number (None when all did). Raises what the reward raises, or ValueError for a wrong shape."""
-    values = as_values(fn(**kwargs), n)
+def outcome(fn, kwargs: dict, n: int) -> tuple[list[float], tuple | None, dict]:
+    """`fn(**kwargs)` as n scores, (how many, first index, its value's repr) of the samples that scored
+    no number (None when all did), and what the call tallied (`tinyrl.rewards.tally`). Raises what the
+    reward raises, or ValueError for a wrong shape."""
+    with tally.collecting() as tallied:
+        values = as_values(fn(**kwargs), n)
     scores = [to_score(v) for v in values]
     bad = [k for k, f in enumerate(scores) if math.isnan(f)]
-    return scores, (len(bad), bad[0], repr(values[bad[0]])[:200]) if bad else None
+    return scores, (len(bad), bad[0], repr(values[bad[0]])[:200]) if bad else None, tallied
 
 
 def reply(fn, kwargs: dict, n: int) -> tuple[str, Any]:
@@ -245,6 +250,11 @@ class RewardReport:
     errors: dict[str, str] = field(default_factory=dict)  # component -> last exception text
     timeouts: dict[str, int] = field(default_factory=dict)  # component -> calls cut off by the timeout
     excluded: int = 0  # samples whose total is NaN
+    tallies: dict[str, float] = field(default_factory=dict)  # key -> sum of what the rewards tallied (sandbox outcomes)
+
+    def counts(self) -> dict[str, float]:
+        """The step's counts as metrics keys: failed samples per component, and the rewards' tallies."""
+        return {**{f"reward_failures/{k}": v for k, v in self.failures.items()}, **self.tallies}
 
 
 class RewardSet:
@@ -333,7 +343,9 @@ class RewardSet:
             report.errors[name] = out
             self._log(name, "reward %r failed on the whole batch (%s); %d samples excluded", name, out, n)
             return torch.full((n,), float("nan"))
-        vals, bad = out
+        vals, bad, tallied = out
+        for key, v in tallied.items():
+            report.tallies[key] = report.tallies.get(key, 0) + v
         if bad:
             report.failures[name] = bad[0]
             self._log(name, "reward %r: %d of %d samples scored no finite number (e.g. sample %d: %s); excluded",

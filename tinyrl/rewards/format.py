@@ -6,6 +6,9 @@
 - `answer_format`: exactly one non-empty `<answer>...</answer>`, at the end.
 - `one_answer`: exactly one final answer (one distinct `<answer>` / `\\boxed{}` / `####` /
   "the answer is"), no hedging; the guard of `tinyrl.rewards.math` as its own signal.
+- `code_block` (by path, `tinyrl.rewards.format:code_block_reward`): a non-empty fenced Python
+  block, the code reward's format alone (benchmarks/code_rl.py's ablation: RL on it cannot raise
+  pass rates). A prompt ending in an opening fence counts as the completion's.
 
 DAPO's soft overlong punishment is not a reward here but a run switch (`algo.overlong_buffer`,
 `tinyrl.algo.shaping`), so its length limit is always the run's `rollout.max_new_tokens`.
@@ -77,3 +80,21 @@ def one_answer_reward(prompts: list, completions: list, **kwargs) -> list[float]
     """
     prompts = prompts if prompts is not None else [None] * len(completions)
     return [float(extract_answer(c, "strict", p) is not None) for c, p in zip(completions, prompts)]
+
+
+def code_block_reward(prompts: list, completions: list, **kwargs) -> list[float]:
+    """1.0 when the completion has a non-empty fenced code block (what `code_tests` would run), else 0.0.
+
+    >>> code_block_reward(["Q", "Q", "Q\\n```python\\n"], ["```python\\nx = 1\\n```", "x = 1", "x = 1\\n```"])
+    [1.0, 0.0, 1.0]
+    """
+    from tinyrl.rewards.code import extract_code
+
+    prompts = prompts if prompts is not None else [None] * len(completions)
+    out = []
+    for p, c in zip(prompts, completions):
+        text = completion_text(c)
+        opened = re.search(r"```[ \t]*(python3?|py)?[ \t]*\n\Z", prompt_text(p) if p is not None else "")
+        code = extract_code((opened.group(0) if opened else "") + text)
+        out.append(float(bool(code and code.strip())))
+    return out

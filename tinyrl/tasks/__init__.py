@@ -17,6 +17,7 @@ TASKS = Registry("data.task", {
     "reasoning_gym": "tinyrl.tasks.reasoning_gym_task:TASK",
     "search_qa": "tinyrl.tasks.search_qa:TASK",
     "gaia": "tinyrl.tasks.search_qa:GAIA_TASK",
+    "code": "tinyrl.tasks.code:TASK",  # Python problems graded by unit tests in the sandbox
 })
 
 
