@@ -7,7 +7,7 @@
 unsloth and triton only when a config asks for them.
 """
 
-__version__ = "0.1.0"
+from tinyrl.version import __version__
 
 
 def train(preset=None, profile=None, resume=None, **overrides):

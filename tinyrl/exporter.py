@@ -28,7 +28,6 @@ import shutil
 import time
 from pathlib import Path
 
-from tinyrl import __version__
 from tinyrl.config import resolve
 from tinyrl.errors import ConfigError
 from tinyrl.hub_push import model_card
@@ -39,6 +38,7 @@ from tinyrl.model.load import (
     quiet_third_party_noise,
     resolve_model,
 )
+from tinyrl.version import __version__
 
 log = logging.getLogger("tinyrl.export")
 

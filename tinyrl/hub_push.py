@@ -22,9 +22,9 @@ from pathlib import Path
 
 import yaml
 
-from tinyrl import __version__
 from tinyrl.errors import ConfigError
 from tinyrl.runs import RunDir
+from tinyrl.version import __version__
 
 KINDS = ("adapter", "merged")
 SUMMARY_FILE = "summary.json"  # tinyrl.methods.common's one summary schema (read here as plain JSON)
