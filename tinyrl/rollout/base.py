@@ -13,7 +13,9 @@ from typing import Any, Protocol
 
 import torch
 
-FINISH = ("eos", "stop", "length")  # why a sample ended: the EOS token, a stop string, the token budget
+# why a sample ended: the EOS token, a stop string, the token budget; "paused": stopped by its caller (a
+# partial rollout continues it later from its context + these tokens)
+FINISH = ("eos", "stop", "length", "paused")
 
 
 @dataclass
@@ -57,6 +59,9 @@ class Rollouts:
     ref_logprobs: torch.Tensor | None = None  # [N, T] reference (adapter off) logprobs, when beta > 0
     observation_mask: torch.Tensor | None = None  # [N, T] 1 on tool-observation tokens (not sampled); None = none
     trajectories: list[dict] | None = None  # [N] multi-turn rows: turns, tool calls, errors, the turn log
+    # [N, T] the policy version (optimiser steps taken) whose adapter sampled each token: partial rollouts
+    # (tinyrl.inflight) continue a row across steps; None = every token sampled by the current adapter
+    versions: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.observation_mask is None:
@@ -137,11 +142,13 @@ class Sample:
 
 def pack_rollouts(tok, prompt_ids: list[list[int]], completions: list[list[int]], logprobs: list[list[float]],
                   truncated: list[bool], group: list[int], prompts: list[str], columns: list[dict],
-                  observation: list[list[int]] | None = None, trajectories: list[dict] | None = None) -> Rollouts:
+                  observation: list[list[int]] | None = None, trajectories: list[dict] | None = None,
+                  versions: list[list[int]] | None = None) -> Rollouts:
     """Rows of token ids (never re-tokenised text) -> one padded Rollouts batch.
 
     `observation[i][t]` = 1 marks a tool-observation token of row i (multi-turn); such tokens carry
-    logprob 0, count for attention and nothing else."""
+    logprob 0, count for attention and nothing else. `versions[i][t]`: the policy version that sampled
+    token t of row i (partial rollouts)."""
     N = len(completions)
     P = max((len(p) for p in prompt_ids), default=0)
     T = max((len(c) for c in completions), default=0)
@@ -152,6 +159,7 @@ def pack_rollouts(tok, prompt_ids: list[list[int]], completions: list[list[int]]
     c_mask = torch.zeros((N, T), dtype=torch.long)
     obs = torch.zeros((N, T), dtype=torch.long)
     lp = torch.zeros((N, T), dtype=torch.float32)
+    ver = None if versions is None else torch.zeros((N, T), dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompt_ids, completions)):
         if p:
             p_ids[i, P - len(p):] = torch.tensor(p)
@@ -162,13 +170,15 @@ def pack_rollouts(tok, prompt_ids: list[list[int]], completions: list[list[int]]
             lp[i, :len(c)] = torch.tensor(logprobs[i], dtype=torch.float32)
             if observation is not None:
                 obs[i, :len(c)] = torch.tensor(observation[i])
+            if ver is not None:
+                ver[i, :len(c)] = torch.tensor(versions[i])
     action = c_mask * (1 - obs)
     return Rollouts(
         prompt_ids=p_ids, prompt_mask=p_mask, completion_ids=c_ids, completion_mask=c_mask,
         loss_mask=action.clone(), sampling_logprobs=lp * action, group=torch.tensor(group, dtype=torch.long),
         truncated=torch.tensor(truncated, dtype=torch.bool), prompts=list(prompts),
         completions=tok.batch_decode(completions, skip_special_tokens=True), columns=list(columns),
-        observation_mask=obs, trajectories=trajectories,
+        observation_mask=obs, trajectories=trajectories, versions=ver,
     )
 
 

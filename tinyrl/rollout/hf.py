@@ -22,11 +22,20 @@ prompt stream), context i samples from its own generator seeded by (`seed`, stre
 draws the same samples in whichever batch or process it lands; else one generator per call
 (`seed`, `calls`).
 A resumed run draws the same samples; the global torch RNG is not touched.
+
+The loop is a session (`HFEngine.session`, `HFSession`): contexts may join the running batch at any
+step (a multi-turn episode whose tool call returned; prefilled once, their cache stacked onto the
+live one with left padding), and `pause` ends every row with its tokens so far. `sample` is a
+session whose contexts all join before its first step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,22 +60,28 @@ class HFEngine:
     @torch.no_grad()
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
                max_new: list[int] | None = None) -> list[list[Sample]]:
-        if params.stream is None:  # one generator for the call
-            gens = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self.calls)
-        else:  # one per context, keyed by its position in the caller's stream
-            gens = [torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, "prompt", params.stream + i))
-                    for i in range(len(contexts))]
-        self.calls += 1
-        budget = torch.tensor(max_new if max_new is not None else [params.max_new_tokens] * len(contexts))
+        """Every context joins one session before its first step, which then runs until every row ended."""
+        budgets = max_new if max_new is not None else [params.max_new_tokens] * len(contexts)
+        out: list[list[Sample]] = [[None] * n for _ in contexts]
+        with self.session(params, greedy) as s:
+            for i, (c, m) in enumerate(zip(contexts, budgets)):
+                s.add(i, c, m, n, stream=None if params.stream is None else params.stream + i)
+            while len(s):
+                for i, j, smp in s.step():
+                    out[i][j] = smp
+        return out
+
+    @contextlib.contextmanager
+    def session(self, params: SamplingParams, greedy: bool = False) -> Iterator[HFSession]:
+        """A decode session (`rollout.session.DecodeSession`): contexts join its running batch at any
+        step. Holds eval mode and the merged LoRA linears for its duration; the training mode after."""
         was_training = self.model.training
         self.model.eval()
         try:
             with merged_lora_linears(self.model, dequantize=True):
-                rows = _decode(self.model, self.tokenizer, contexts, n, budget.repeat_interleave(n), params, greedy,
-                               gens)
+                yield HFSession(self, params, greedy)
         finally:
             self.model.train(was_training)
-        return [rows[i * n:(i + 1) * n] for i in range(len(contexts))]
 
     @property
     def device(self) -> torch.device:
@@ -96,6 +111,9 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
         attn[i, L - len(c):] = 1
     ids, attn = ids.to(device), attn.to(device)
     cache, cols = prompt_cache(trunk, ids[:, :-1], attn[:, :-1], decode_cache())
+    make = getattr(cache, "layer_class_to_replicate", None)
+    while make is not None and len(cache.layers) < trunk.config.num_hidden_layers:  # one-token contexts:
+        cache.layers.append(make())  # nothing prefilled, and `DecodeStep` updates layers by index
     attn = torch.cat([cols, attn[:, -1:]], 1)  # the cache's real columns (a shared prefix moves the padding)
     if n > 1 and L > 1:
         cache.batch_repeat_interleave(n)
@@ -104,53 +122,162 @@ def _prefill(trunk, tok, contexts: list[list[int]], n: int, device):
             last_pos.repeat_interleave(n))
 
 
-def _decode(model, tok, contexts, n, budget, params: SamplingParams, greedy: bool, gens) -> list[Sample]:
-    trunk, head = trunk_of(model), _vocab_projection(model)
-    device = next(model.parameters()).device
-    cache, attn, cur, pos = _prefill(trunk, tok, contexts, n, device)
-    R = cur.shape[0]
-    out_ids: list[list[int]] = [[] for _ in range(R)]
-    out_lp: list[list[float]] = [[] for _ in range(R)]
-    finish = ["length"] * R
-    live = torch.arange(R)  # original row of each row still in the batch
-    left = budget.clone()
-    stops = StopStrings(tok, params.stop)
-    step = _step_function(trunk, device)
-    temperature = 1.0 if greedy else params.temperature
-    while live.numel() and int(left.max()) > 0:
-        attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-        h = step(cur, attn, pos, cache)
-        logp = torch.log_softmax(head(h).float() / temperature, -1)
-        if greedy:
+@dataclass
+class _Row:
+    key: Any
+    j: int  # sample j of context `key`
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class HFSession:
+    """The HF engine's `DecodeSession`: one decode loop whose batch rows may join at any step.
+
+    A step admits the queued contexts (one prefill of theirs, `_prefill`, its cache joined to the
+    live one: the shorter left-padded with masked columns, then stacked by rows), runs one decoder
+    step over every live row, draws, and drops the rows that ended from the batch and the cache.
+    Between steps the state is: cache [R, ., C, .], attn [R, C + 1] (the pending token's column
+    last), cur [R, 1] (the token the next step reads), pos [R], left [R] (tokens still allowed),
+    owner [R] (the generator of each row: 0 the session's own, else its context's stream)."""
+
+    def __init__(self, engine: HFEngine, params: SamplingParams, greedy: bool):
+        model, self.device = engine.model, engine.device
+        self.tok, self.params, self.greedy = engine.tokenizer, params, greedy
+        self.trunk, self.head = trunk_of(model), _vocab_projection(model)
+        self.step_fn = _step_function(self.trunk, self.device)
+        self.stops = StopStrings(self.tok, params.stop)
+        self.temperature = 1.0 if greedy else params.temperature
+        self.seed = engine.seed
+        self.gens = [torch.Generator(device=self.device).manual_seed(engine.seed * 1_000_003 + engine.calls)]
+        engine.calls += 1
+        self.queue: list[tuple[Any, list[int], int, int, int]] = []  # key, context, max_new, n, generator
+        self._clear()
+
+    def _clear(self) -> None:
+        self.rows: list[_Row] = []
+        self.cache = self.attn = self.cur = self.pos = self.left = self.owner = None
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(q[3] for q in self.queue)
+
+    def add(self, key, context: list[int], max_new: int, n: int = 1, stream: int | None = None) -> None:
+        gen = 0
+        if stream is not None:  # as `sample`: the context's own generator, keyed by its stream
+            self.gens.append(torch.Generator(device=self.device).manual_seed(stream_seed(self.seed, "prompt", stream)))
+            gen = len(self.gens) - 1
+        self.queue.append((key, list(context), int(max_new), n, gen))
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, int, Sample]]:
+        ended = self._admit()
+        if not self.rows:
+            return ended
+        self.attn = torch.cat([self.attn, self.attn.new_ones(self.attn.shape[0], 1)], 1)
+        h = self.step_fn(self.cur, self.attn, self.pos, self.cache)
+        logp = torch.log_softmax(self.head(h).float() / self.temperature, -1)
+        if self.greedy:
             nxt = logp.argmax(-1)
-        elif isinstance(gens, torch.Generator):
-            nxt = _draw(logp, params.top_p, gens)
         else:
-            nxt = _draw_per_context(logp, params.top_p, gens, live // n)
+            nxt = _draw_per_context(logp, self.params.top_p, self.gens, self.owner)
         chosen = logp.gather(-1, nxt[:, None]).squeeze(-1)
-        left -= 1
-        ids_l, lp_l = nxt.tolist(), chosen.tolist()
-        for j, r in enumerate(live.tolist()):
-            out_ids[r].append(ids_l[j])
-            out_lp[r].append(lp_l[j])
-        done = nxt.cpu() == tok.eos_token_id
+        self.left -= 1
+        for row, t, lp in zip(self.rows, nxt.tolist(), chosen.tolist()):
+            row.ids.append(t)
+            row.logprobs.append(lp)
+        done = nxt.cpu() == self.tok.eos_token_id
         why = ["eos" if d else None for d in done.tolist()]
-        if stops:
-            for j, hit in enumerate(stops.hit([out_ids[r] for r in live.tolist()])):
+        if self.stops:
+            for j, hit in enumerate(self.stops.hit([row.ids for row in self.rows])):
                 if hit and why[j] is None:
                     why[j], done[j] = "stop", True
-        done |= left <= 0
-        for j, r in enumerate(live.tolist()):
-            if done[j]:
-                finish[r] = why[j] or "length"
+        done |= self.left <= 0
+        ended += [(row.key, row.j, Sample(row.ids, row.logprobs, why[j] or "length"))
+                  for j, row in enumerate(self.rows) if done[j]]
+        self.cur, self.pos = nxt[:, None], self.pos + 1
         if done.any():
-            keep = torch.nonzero(~done).squeeze(-1)
-            if keep.numel() == 0:
-                break
-            cache.batch_select_indices(keep.to(device))
-            live, left, attn, nxt, pos = live[keep], left[keep], attn[keep.to(device)], nxt[keep.to(device)], pos[keep.to(device)]
-        cur, pos = nxt[:, None], pos + 1
-    return [Sample(out_ids[r], out_lp[r], finish[r]) for r in range(R)]
+            self._keep(torch.nonzero(~done).squeeze(-1))
+        return ended
+
+    def pause(self) -> list[tuple[Any, int, Sample]]:
+        out = [(row.key, row.j, Sample(row.ids, row.logprobs, "paused")) for row in self.rows]
+        out += [(key, j, Sample([], [], "paused")) for key, _, _, n, _ in self.queue for j in range(n)]
+        self.queue = []
+        self._clear()
+        return out
+
+    def _keep(self, keep: torch.Tensor) -> None:
+        """Only rows `keep` stay in the batch (and its cache)."""
+        if keep.numel() == 0:
+            return self._clear()
+        dev = keep.to(self.device)
+        self.cache.batch_select_indices(dev)
+        self.rows = [self.rows[j] for j in keep.tolist()]
+        self.left, self.owner = self.left[keep], self.owner[keep]
+        self.attn, self.cur, self.pos = self.attn[dev], self.cur[dev], self.pos[dev]
+
+    def _admit(self) -> list[tuple[Any, int, Sample]]:
+        """Prefill the queued contexts and join them to the live batch; a context with no token budget
+        ends here, with no tokens."""
+        queue, self.queue = self.queue, []
+        ended = [(key, j, Sample([], [], "length")) for key, _, m, n, _ in queue if m <= 0 for j in range(n)]
+        queue = [q for q in queue if q[2] > 0 and q[3] > 0]
+        if not queue:
+            return ended
+        by_n: dict[int, list] = {}  # `_prefill` repeats each context n times: one prefill per distinct n
+        for q in queue:
+            by_n.setdefault(q[3], []).append(q)
+        for n, group in by_n.items():
+            cache, attn, cur, pos = _prefill(self.trunk, self.tok, [q[1] for q in group], n, self.device)
+            rows = [_Row(key, j) for key, _, _, _, _ in group for j in range(n)]
+            left = torch.tensor([q[2] for q in group]).repeat_interleave(n)
+            owner = torch.tensor([q[4] for q in group]).repeat_interleave(n)
+            self._join(rows, cache, attn, cur, pos, left, owner)
+        return ended
+
+    def _join(self, rows, cache, attn, cur, pos, left, owner) -> None:
+        if not self.rows:
+            self.rows, self.cache, self.attn, self.cur, self.pos, self.left, self.owner = \
+                rows, cache, attn, cur, pos, left, owner
+            return
+        width = max(self.attn.shape[1], attn.shape[1])
+        join_caches(self.cache, cache, len(self.rows), len(rows))
+        self.attn = torch.cat([_left_pad(self.attn, width), _left_pad(attn, width)])
+        self.rows = self.rows + rows
+        self.cur, self.pos = torch.cat([self.cur, cur]), torch.cat([self.pos, pos])
+        self.left, self.owner = torch.cat([self.left, left]), torch.cat([self.owner, owner])
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
+    """`t` with zeros prepended along `dim` up to `width`."""
+    extra = width - t.shape[dim]
+    if extra == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([t.new_zeros(shape), t], dim)
+
+
+def join_caches(live, new, live_rows: int, new_rows: int) -> None:
+    """Append `new`'s rows to the cache `live` (in place), layer by layer: the keys and values of the
+    shorter left-padded with zeros to the longer (the attention mask's padding columns hide them),
+    then stacked along the batch axis. `new` may be empty (its contexts had one token each); `live`
+    must hold keys (its rows have decoded)."""
+    if not hasattr(live, "layers"):
+        raise NotImplementedError("joining rows to a running decode batch needs transformers' cache layers "
+                                  "(DynamicCache.layers, transformers >= 4.56); upgrade transformers")
+    length = max(live.get_seq_length(), new.get_seq_length())
+    for i, layer in enumerate(live.layers):
+        other = new.layers[i] if i < len(new.layers) and new.layers[i].get_seq_length() else None
+        parts = []
+        for name in ("keys", "values"):
+            mine = getattr(layer, name)
+            theirs = getattr(other, name) if other is not None else mine.new_zeros(new_rows, *mine.shape[1:-2], 0,
+                                                                                   mine.shape[-1])
+            parts.append(torch.cat([_left_pad(mine, length, -2), _left_pad(theirs, length, -2)]))
+        if hasattr(layer, "replace"):
+            layer.replace(*parts)
+        else:  # transformers' plain DynamicLayer
+            layer.keys, layer.values = parts
 
 
 def _step_function(trunk, device):
@@ -282,5 +409,10 @@ def _growing_layer_class():
             if length := self.get_seq_length():
                 self._kbuf, self._vbuf = self._kbuf[indices, ...], self._vbuf[indices, ...]
                 self._view(length)
+
+        def replace(self, keys, values) -> None:
+            """Hold `keys` / `values` (a batch joined by `join_caches`); the next update grows the buffers."""
+            self._kbuf, self._vbuf = keys, values
+            self._view(keys.shape[-2])
 
     return _GrowingLayer

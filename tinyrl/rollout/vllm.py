@@ -25,6 +25,8 @@ Every vLLM internal tinyrl touches lives in this file (see `VLLM_INTERNALS`); th
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -40,6 +42,9 @@ from tinyrl.model import dtype_name, resolve_model
 from tinyrl.model.quantize import inner_tensors, is_quantized, quantized_bytes, vllm_quantization
 from tinyrl.planner import vllm_settings
 from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text, stream_seed
+from tinyrl.rollout.session import QueueSession
+
+_REQUESTS = itertools.count()  # session request ids, unique in the process (vLLM's are counted from 0)
 
 log = logging.getLogger("tinyrl.rollout.vllm")
 
@@ -49,7 +54,7 @@ MISSING = ("the vllm rollout engine needs vLLM: pip install 'tinyrl-rlvr[vllm]' 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 VLLM_INTERNALS = {  # what this file relies on beyond LLM.generate; pinned by a test
     "LLM": ("apply_model", "collective_rpc", "sleep", "release_kv_cache_memory", "wake_up"),
-    "LLMEngine": ("add_lora", "remove_lora", "list_loras"),
+    "LLMEngine": ("add_lora", "remove_lora", "list_loras", "add_request", "step", "abort_request"),
     "worker": ("reload_weights",),
     "model": ("packed_modules_mapping",),
     "layers": ("QKVParallelLinear.output_sizes", "MergedColumnParallelLinear.output_sizes",
@@ -121,6 +126,7 @@ class VLLMEngine:
         self._lora_version = 0
         self._adapter_version: int | None = None  # tensor version counters of the adapter at the last sync
         self._released = False
+        self._session = False  # a session is open (its requests are in vLLM's queue)
         self._model = model
         self.auto_sync = True  # generate() re-syncs when the adapter moved since the last sync
         shm = Path("/dev/shm")
@@ -173,12 +179,9 @@ class VLLMEngine:
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
                max_new: list[int] | None = None) -> list[list[Sample]]:
         """n continuations of each token-id context, one vLLM request per context (batched by vLLM)."""
-        self._wake()
-        if self.auto_sync and self._model is not None and _version_of(self._model) != self._adapter_version:
-            self.sync(self._model)  # the adapter moved since the last sync (e.g. a resumed checkpoint)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
-        base = int(torch.randint(0, 2 ** 31, (1,), generator=gen))
-        self.calls += 1
+        if self._session:  # LLM.generate steps vLLM until its queue is empty: the session's requests too
+            raise RuntimeError("VLLMEngine.sample inside an open session of the same engine: use the session")
+        base = self._prepare()
         budgets = max_new if max_new is not None else [params.max_new_tokens] * len(contexts)
         # a named stream (the prompt's position in the run): the same seed in whichever batch or rank
         seeds = [base + i * n if params.stream is None else stream_seed(self.seed, "prompt", params.stream + i) % 2 ** 31
@@ -187,6 +190,35 @@ class VLLMEngine:
         outs = self.llm.generate([{"prompt_token_ids": list(x)} for x in contexts], sp, use_tqdm=False,
                                  lora_request=self._lora)
         return [[_sample_of(c) for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
+
+    @contextlib.contextmanager
+    def session(self, params: SamplingParams, greedy: bool = False):
+        """A decode session (`rollout.session.DecodeSession`) over vLLM's request queue (`submit`, `poll`,
+        `abort`; vLLM's scheduler batches). Whatever is still running on exit is aborted."""
+        if self._session:
+            raise RuntimeError("a vLLM engine runs one decode session at a time (they share vLLM's queue)")
+        s = QueueSession(self, params, greedy, self._prepare())
+        self._session = True
+        try:
+            yield s
+        finally:
+            s.pause()
+            self._session = False
+
+    def submit(self, context: list[int], params: SamplingParams, greedy: bool, seed: int, max_new: int) -> str:
+        """Queue one sample of `context` (vLLM starts it at its next step); returns its request id."""
+        rid = f"tinyrl-{next(_REQUESTS)}"  # outputs are cumulative (vLLM's default): a poll holds all tokens so far
+        sp = self._sampling(params, 1, greedy, seed=seed, max_tokens=max_new)
+        self.llm.llm_engine.add_request(rid, {"prompt_token_ids": list(context)}, sp, lora_request=self._lora)
+        return rid
+
+    def poll(self) -> list[tuple[str, bool, Sample]]:
+        """One vLLM step: (request id, finished, Sample so far) of each request it advanced."""
+        return [(o.request_id, o.finished, _sample_of(o.outputs[0], None if o.finished else "paused"))
+                for o in self.llm.llm_engine.step()]
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
 
     def release(self) -> None:
         """Free the KV cache for the update phase (CUDA sleep mode); the weights stay resident."""
@@ -235,18 +267,26 @@ class VLLMEngine:
             detokenize=bool(params.stop), skip_special_tokens=True,
         )
 
-    def _wake(self) -> None:
+    def _prepare(self) -> int:
+        """Before sampling: wake vLLM, re-sync a moved adapter (e.g. a resumed checkpoint), and draw the
+        call's base seed (the engine's seed position advances)."""
         if self._released:
             self.llm.wake_up(tags=["kv_cache", "scheduling"])
             self._released = False
+        if self.auto_sync and self._model is not None and _version_of(self._model) != self._adapter_version:
+            self.sync(self._model)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.calls)
+        self.calls += 1
+        return int(torch.randint(0, 2 ** 31, (1,), generator=gen))
 
 
-def _sample_of(c) -> Sample:
+def _sample_of(c, finish: str | None = None) -> Sample:
     """A vLLM CompletionOutput as a Sample: its token ids are kept whole (vLLM cuts a stop string off
     the text, not off the ids), `stop_reason` is the stop string that ended it (None: EOS or length)."""
     ids = list(c.token_ids)
     lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)] if c.logprobs is not None else [0.0] * len(ids)
-    finish = "length" if c.finish_reason == "length" else ("stop" if isinstance(c.stop_reason, str) else "eos")
+    if finish is None:
+        finish = "length" if c.finish_reason == "length" else ("stop" if isinstance(c.stop_reason, str) else "eos")
     return Sample(ids, lps, finish)
 
 
