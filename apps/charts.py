@@ -37,7 +37,12 @@ PANELS: dict[str, tuple[str, ...]] = {
     "clip fraction": ("clip_frac", "update_clip_frac"),
     "step time (s)": ("step_time", "gen_time"),
     "agent": ("tool_calls_per_traj", "turns_mean", "max_turns_frac", "obs_token_frac", "tool_error_rate"),
+    # partial rollouts: how stale the trained tokens were (policy versions) and how even their behaviour
+    # weights are (effective sample size, 1 = on-policy); the behaviour-vs-trainer KL beside them
+    "off-policy": ("staleness_mean", "offpolicy_ess", "rollout_trainer_k3"),
 }
+# Panels a run has only with their metrics (agent runs; partial rollouts): the page may hide them when empty
+OPTIONAL_PANELS = ("agent", "off-policy")
 NOISY = ("reward_mean", "entropy", "update_kl", "completion_len", "zero_std_frac")  # drawn with a smoothed twin
 SMOOTHING = 0.8  # weight of the debiased exponential moving average (TensorBoard's slider)
 SMOOTHED = " (smoothed)"
@@ -45,7 +50,8 @@ SMOOTHED = " (smoothed)"
 ALARM_PANELS = {"entropy_collapse": "entropy", "echo_trap": "entropy", "advantage_collapse": "zero-std fraction",
                 "kl_blowup": "KL", "stale_weights": "KL", "length_shortcut": "completion length",
                 "length_explosion": "completion length", "truncation": "completion length",
-                "tool_use_collapse": "agent", "tool_loop": "agent", "tool_errors": "agent"}
+                "tool_use_collapse": "agent", "tool_loop": "agent", "tool_errors": "agent",
+                "offpolicy_drift": "off-policy"}
 MIN_SPAN = 20
 COLUMNS = ["step", "value", "series"]
 DTYPES = {"step": "int64", "value": "float64", "series": "str"}

@@ -27,7 +27,7 @@ from tinyrl.apps.launcher import Launcher, LaunchError
 from tinyrl.apps.paths import UnsafePathError, check_name
 from tinyrl.config import ConfigError
 
-CORE_PANELS = [t for t in charts.PANELS if t != "agent"]  # always shown; "agent" only with data
+CORE_PANELS = [t for t in charts.PANELS if t not in charts.OPTIONAL_PANELS]  # always shown; the others with data
 VIEW_FIXED = ["status", "accuracy", "alarms_md", "alarms", "samples", "eval", "log", "stop", "resume", "evaluate",
               "download"]
 N_VIEW = len(VIEW_FIXED) + 2 * len(charts.PANELS)  # + each panel's plot and its box

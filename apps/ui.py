@@ -66,7 +66,7 @@ def _panels(elem_prefix: str) -> tuple[list, list, list]:
     plots, legends, boxes = [], [], []
     for title in charts.PANELS:
         slug = _slug(title)
-        with gr.Column(elem_id=f"{elem_prefix}box-{slug}", visible=title != "agent", min_width=300) as box:
+        with gr.Column(elem_id=f"{elem_prefix}box-{slug}", visible=title not in charts.OPTIONAL_PANELS, min_width=300) as box:
             plots.append(gr.LinePlot(charts.frame([]), x="step", y="value", color="series", label=title,
                                      elem_id=f"{elem_prefix}{slug}", height=260, x_title="step", y_title=title,
                                      colors_in_legend=[], x_lim=charts.x_range(None), min_width=300))

@@ -72,6 +72,15 @@ def code(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def partial(rows: list[dict]) -> list[dict]:
+    """Give a history the metrics of healthy partial rollouts (rollout.max_staleness 1; tinyrl.inflight):
+    about half the tokens one version old, the behaviour weights near 1, 8 groups trained a step."""
+    for r in rows:
+        r.update({"staleness_mean": 0.5, "staleness_max": 1, "stale_dropped_groups": 0, "carried_groups": 2,
+                  "train_groups": 8, "offpolicy_ess": 0.95, "offpolicy_capped_frac": 0.0})
+    return rows
+
+
 def feed(rows: list[dict], cfg: MonitorConfig | None = None) -> list[Alarm]:
     mon = Monitor(cfg or MonitorConfig())
     out = []
@@ -213,6 +222,14 @@ CASES = [
     ("sandbox_gaming", "half the completions write no code, reward flat",
      lambda r: patch(patch(code(r), "sandbox/no_code", _set(8), 20), "reward_mean", _set(0.3)), None),
     ("sandbox_gaming", "a healthy code run (one completion in 16 without code)", code, None),
+    ("offpolicy_drift", "behaviour weights' ESS falls to 0.3 under partial rollouts",
+     lambda r: patch(partial(r), "offpolicy_ess", _set(0.3), 20), 24),  # window mean < 0.5 from 23, and 2 steps
+    ("offpolicy_drift", "half the groups dropped as too stale",
+     lambda r: patch(partial(r), "stale_dropped_groups", _set(8), 20), 22),  # 16 of 56 (29%) at 21, and 2 steps
+    ("offpolicy_drift", "healthy partial rollouts (ESS 0.95, one group in 16 dropped now and then)",
+     lambda r: patch(partial(r), "stale_dropped_groups", lambda s, v: 1 if s % 5 == 0 else 0), None),
+    ("offpolicy_drift", "a synchronous run with a low ESS-like value but no staleness metrics",
+     lambda r: patch(r, "offpolicy_ess", _set(0.3), 20), None),
     ("truncation", "20% truncated", lambda r: patch(r, "truncated_frac", _set(0.2), 10), 12),
     ("truncation", "2% truncated", lambda r: patch(r, "truncated_frac", _set(0.02), 10), None),
 ]
@@ -443,6 +460,21 @@ def test_stale_weights_canary_stops_the_run(tiny_model_dir, run_root, one_thread
     summary = json.loads((path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["error"].startswith("StaleWeightsError") and "stale_weights" in summary["alarms"]
     assert "verdict: STOPPED - stale_weights at step 2" in (path / "report.txt").read_text()
+
+
+def test_stale_weights_canary_watches_the_fresh_tokens_of_partial_rollouts(tiny_model_dir, run_root, one_thread):
+    """With partial rollouts a batch mixes policy versions on purpose; the canary reads the tokens the
+    current adapter sampled (rollout_trainer_k3_fresh) and still stops the broken engine."""
+    from tests.test_training import small
+    from tinyrl import api
+    from tinyrl.errors import StaleWeightsError
+
+    with pytest.raises(StaleWeightsError, match="stale_weights at step"):
+        api.train(**small(tiny_model_dir, run_root, **{
+            "reward.functions": ["tests.test_training:reward_by_length"], "train.eval_before_after": False,
+            "train.steps": 6, "log.name": "stale", "rollout.engine": "stale", "rollout.max_staleness": 1}))
+    rows = read_jsonl(Path(run_root) / "stale" / "metrics.jsonl")
+    assert any(r.get("staleness_max") for r in rows) and rows[-1]["rollout_trainer_k3_fresh"] > 1e-3
 
 
 # --------------------------------------------------------------------------- collapse

@@ -118,6 +118,10 @@ class PromptSource:
         epoch, i = divmod(position, len(self.rows))
         return self.rows[self._order(epoch)[i]]
 
+    def row_at(self, position: int) -> dict:
+        """The row at a position of the stream (a resumed run's in-flight prompts)."""
+        return self._row(position)
+
     def next_batch(self, k: int) -> list[dict]:
         return self.take(k)[1]
 

@@ -7,9 +7,22 @@ observations spliced into an agent's completion are not the policy's and never c
     reward_excluded_frac       samples of the trained batch without a usable reward (a failed or
                                non-finite reward); 1.0: the step had nothing to learn from
     entropy, entropy_p10/p90   token entropy of the policy before the update, over the loss tokens
-    rollout_trainer_k3         KL(rollout engine || trainer) per token (k3) on those tokens: the
-    rollout_trainer_maxdiff    stale-weights canary (the engine must sample from the trained weights)
+    rollout_trainer_k3         KL(behaviour || trainer) per token (k3) on those tokens: the engine's logprobs
+    rollout_trainer_maxdiff    against the weights at the step's start. Synchronous: the stale-weights canary
+                               (the engine must sample from the trained weights); with partial rollouts
+                               (rollout.max_staleness > 0): how far off-policy the batch is
+    rollout_trainer_k3_fresh   partial rollouts: the same KL over the tokens the current adapter sampled (the
+                               stale-weights canary's input when a batch mixes policy versions)
+    offpolicy_ess              normalised effective sample size (sum w)^2 / (n sum w^2) in (0, 1] of the
+                               token weights w = pi_old / pi_behav on those tokens, in every algo.off_policy mode
+    offpolicy_capped_frac      share of those tokens with w above the mode's cap (tinyrl.algo.losses.OFF_POLICY:
+                               off_policy_cap; tis_cap for tis with `tis` on)
     update_rows_skipped_frac   rows the update did not train on (zero advantage, no other term)
+    train_groups               groups (prompts) in the trained batch
+    staleness_mean / _max      partial rollouts only (the collector's, through `extra`): policy versions between
+    staleness/<lag>            a loss token's sampling and the update (mean, max; the share of loss tokens at
+    stale_dropped_groups       each lag), groups dropped as too stale, groups still decoding carried into the
+    carried_groups, overlap_s  next step, seconds of generation overlapping the update (one-step-off)
     update_kl                  KL(pi_old || pi_new) per token, re-scored after the update (Trainer.measure_update)
     ref_kl / pass_kl           KL(pi || reference) / KL(pi_old || pi) inside the loss (tinyrl.algo.losses)
     sandbox/<outcome>          code rewards only: completions per sandbox outcome (pass, fail, timeout, crash,
@@ -24,7 +37,7 @@ import math
 
 import torch
 
-from tinyrl.algo.losses import kl_penalty
+from tinyrl.algo.losses import kl_penalty, offpolicy_stats
 
 
 def _clean(row: dict) -> dict:
@@ -55,6 +68,7 @@ def step_metrics(state, lr: float, batch, first, last, extra: dict, dt: float, t
         "update_rows_skipped_frac": 1.0 - first.rows.numel() / max(first.num_rows, 1),
         "completion_len": n_act / max(batch.num_rows, 1),
         "truncated_frac": float(batch.truncated.float().mean()),
+        "train_groups": int(torch.unique(batch.group).numel()),
         "lr": lr,
         "micro_batch_now": state.micro_batch,
         "oom_retries_total": state.oom_retries,
@@ -63,24 +77,32 @@ def step_metrics(state, lr: float, batch, first, last, extra: dict, dt: float, t
         "step_time": dt,
         "gen_time": t_gen,
         "tokens_per_s": n_act / dt if dt > 0 else 0.0,
-        **_policy_token_stats(batch, first),
+        **_policy_token_stats(batch, first, state.step - 1),  # (the update trained at version step - 1)
         **_agent_stats(batch),
         **extra,
     }
     return _clean(out)
 
 
-def _policy_token_stats(batch, first) -> dict:
-    """Entropy and the rollout-vs-trainer canary over the loss tokens (the first pass scores them all)."""
+def _policy_token_stats(batch, first, version: int) -> dict:
+    """Entropy, the behaviour-vs-trainer KL and the behaviour weights' statistics over the loss tokens (the
+    first pass scores them all: its logprobs are the weights at the step's start). Tool observations are
+    outside `action_mask`: their behaviour logprob (0) enters no statistic."""
     m = (batch.loss_mask * batch.action_mask).bool()
     if not m.any():
         return {}
     ent = first.entropy[m]
     d = kl_penalty(batch.sampling_logprobs[m], first.logprobs[m])
     diff = (batch.sampling_logprobs[m] - first.logprobs[m]).abs()
+    weights = offpolicy_stats(first.logprobs, batch.sampling_logprobs, m, first.offpolicy_cap) \
+        if first.offpolicy_cap is not None else {}
+    fresh = {}
+    if batch.versions is not None and (m & (batch.versions == version)).any():  # partial rollouts: the canary
+        f = m & (batch.versions == version)  # on the tokens the current adapter sampled (the stale-weights rule)
+        fresh = {"rollout_trainer_k3_fresh": float(kl_penalty(batch.sampling_logprobs[f], first.logprobs[f]).mean())}
     return {"entropy": float(ent.mean()), "entropy_p10": float(torch.quantile(ent, 0.1)),
             "entropy_p90": float(torch.quantile(ent, 0.9)),
-            "rollout_trainer_k3": float(d.mean()), "rollout_trainer_maxdiff": float(diff.max())}
+            "rollout_trainer_k3": float(d.mean()), "rollout_trainer_maxdiff": float(diff.max()), **weights, **fresh}
 
 
 def _agent_stats(batch) -> dict:

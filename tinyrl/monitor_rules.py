@@ -24,7 +24,9 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
     kl_blowup            alarm     KL to the reference accelerates (beta > 0); or the update KL /
                                    update clip fraction is far above its median and an absolute floor;
                                    or the update KL is above 0.2 nats per token
-    stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal)
+    stale_weights        alarm     rollout vs trainer logprobs disagree after a weight sync (fatal); on a step
+                                   that trained on tokens of older weights (staleness_max > 0) only the current
+                                   adapter's tokens count (rollout_trainer_k3_fresh), silent when there are none
     length_shortcut      alarm     completion length falls > 50% (and >= 4 tokens, or to <= 1.5) while
                                    reward rises
     length_explosion     alarm     > 40% of a step's completions hit max_new_tokens (< 20% early) and
@@ -36,6 +38,10 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
                                    (sys.exit, os._exit, exit(), SystemExit) or too much output rises
                                    by >= 0.2 (to >= 0.3, window mean) while reward rises
     truncation           warning   > 5% of completions hit max_new_tokens (window mean)
+
+    offpolicy_drift      alarm     partial rollouts: the behaviour weights' effective sample size below 0.5,
+                                   or > 25% of the groups dropped as too stale (window means); thresholds are
+                                   the OFFPOLICY_* constants
 """
 
 from __future__ import annotations
@@ -256,6 +262,10 @@ def stale_weights(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     k3, md = last.get("rollout_trainer_k3"), last.get("rollout_trainer_maxdiff")
     if last.get("step", 0) < 2 or not _finite(k3):
         return None
+    if _finite(last.get("staleness_max")) and last["staleness_max"] > 0:  # older weights sampled some on purpose
+        k3, md = last.get("rollout_trainer_k3_fresh"), None  # (partial rollouts): judge the current adapter's tokens
+        if not _finite(k3):  # none (one-step-off: every token is a version old): offpolicy_drift's to judge
+            return None
     floor = next((r.get("rollout_trainer_k3") for r in h if r.get("step") == 1), None)
     limit = max(c.stale_k3, c.stale_noise_factor * floor if _finite(floor) else 0.0)
     over_md = c.stale_maxdiff is not None and _finite(md) and md > c.stale_maxdiff
@@ -397,6 +407,38 @@ def truncation(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     return None
 
 
+OFFPOLICY_ESS_MIN = 0.5  # window mean of offpolicy_ess below this: half the tokens carry the batch's weight
+OFFPOLICY_DROPPED_MAX = 0.25  # window mean share of groups dropped as too stale (of those trained + dropped)
+
+
+def offpolicy_drift(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
+    """Partial rollouts (rollout.max_staleness > 0): off-policy correction losing its footing. The behaviour
+    weights pi_old / pi_behav grow so uneven that a few tokens carry the update (their effective sample
+    size, window mean, falls below OFFPOLICY_ESS_MIN), or so many groups go stale that a large share of the
+    sampling is thrown away (stale_dropped_groups / (train_groups + stale_dropped_groups) over the window above
+    OFFPOLICY_DROPPED_MAX). Silent on a synchronous run (no staleness metrics)."""
+    now = h[-c.window:]
+    if len(now) < c.window or not all(_finite(r.get("staleness_mean")) for r in now):
+        return None
+    action = ("lower rollout.max_staleness (1 is one-step-off), or switch algo.off_policy (decoupled caps each "
+              "token's weight at algo.off_policy_cap; bypass needs no weight at all)")
+    ess = _window_mean(h, "offpolicy_ess", c.window)
+    lag = _mean(_vals(now, "staleness_mean"))
+    if ess is not None and ess < OFFPOLICY_ESS_MIN:
+        cap = _window_mean(h, "offpolicy_capped_frac", c.window)
+        capped = f", {cap:.0%} of tokens above the cap" if cap is not None else ""
+        return Finding(f"effective sample size of the behaviour weights {ess:.2f} (mean of the last {c.window} "
+                       f"steps, < {OFFPOLICY_ESS_MIN:g}) at a mean staleness of {lag:.2f} policy versions{capped}: "
+                       "a few tokens carry the update", action)
+    dropped = sum(_vals(now, "stale_dropped_groups"))
+    trained = sum(_vals(now, "train_groups"))
+    share = dropped / (dropped + trained) if dropped + trained else 0.0
+    if dropped and share > OFFPOLICY_DROPPED_MAX:
+        return Finding(f"{share:.0%} of the groups were dropped as too stale over the last {c.window} steps "
+                       f"({dropped:g} groups, mean staleness {lag:.2f}): the sampling is thrown away", action)
+    return None
+
+
 @dataclass(frozen=True)
 class Rule:
     check: Callable[[list[dict], MonitorConfig], Optional[Finding]]
@@ -418,5 +460,6 @@ RULES: dict[str, Rule] = {
     "tool_loop": Rule(tool_loop),
     "tool_errors": Rule(tool_errors),
     "sandbox_gaming": Rule(sandbox_gaming),
+    "offpolicy_drift": Rule(offpolicy_drift),
     "truncation": Rule(truncation, severity="warning"),
 }

@@ -42,6 +42,11 @@ PANELS = {
 }
 
 
+# partial rollouts' step metrics (tinyrl.collect): the "asynchronous rollouts" block appears when any is present
+ASYNC_KEYS = ("staleness_mean", "staleness_max", "stale_dropped_groups", "carried_groups", "overlap_s")
+HISTOGRAM = "staleness/"  # staleness/<lag>: share of a step's loss tokens sampled <lag> policy versions back
+
+
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     pts = [(r["step"], float(r[key])) for r in rows
            if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
@@ -136,6 +141,41 @@ def plot(rows: list[dict], alarms: list[dict], path: Path) -> bool:
     return True
 
 
+def _lags(rows: list[dict]) -> list[int]:
+    return sorted({int(k[len(HISTOGRAM):]) for r in rows for k in r
+                   if k.startswith(HISTOGRAM) and k[len(HISTOGRAM):].isdigit()})
+
+
+def async_lines(rows: list[dict]) -> list[str]:
+    """Partial rollouts (rollout.max_staleness > 0): staleness, its histogram, groups dropped and carried,
+    overlap, and the behaviour weights' statistics; nothing for a synchronous run (no staleness metrics)."""
+    if not any(_series(rows, k)[1] for k in ASYNC_KEYS) and not _lags(rows):
+        return []
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    out = ["", "asynchronous rollouts:"]
+    _, lag = _series(rows, "staleness_mean")
+    _, top = _series(rows, "staleness_max")
+    if lag:
+        most = f" (max {max(top):g})" if top else ""
+        out.append(f"  {'mean staleness':<26} {_fmt(mean(lag))} policy versions{most}")
+    hist = [(k, _series(rows, f"{HISTOGRAM}{k}")[1]) for k in _lags(rows)]
+    if hist:
+        cells = "  ".join(f"lag {k}: {mean(v):.0%}" for k, v in hist if v)
+        out.append(f"  {'staleness histogram':<26} {cells}  (share of loss tokens, mean over steps)")
+    for key, label in (("stale_dropped_groups", "groups dropped (stale)"), ("carried_groups", "groups carried over"),
+                       ("overlap_s", "generation overlap (s)")):
+        _, v = _series(rows, key)
+        if v:
+            out.append(f"  {label:<26} {_fmt(sum(v))} in all, {_fmt(mean(v))} per step")
+    for key, label, unit in (("offpolicy_ess", "behaviour weights ESS", ""),
+                             ("offpolicy_capped_frac", "weights above the cap", " of tokens"),
+                             ("rollout_trainer_k3", "behaviour-trainer KL (k3)", " per token")):
+        _, v = _series(rows, key)
+        if v:
+            out.append(f"  {label:<26} {_fmt(mean(v))}{unit} mean (min {_fmt(min(v))}, max {_fmt(max(v))})")
+    return out
+
+
 def sampled_lines(summary: dict | None) -> list[str]:
     """pass@k / maj@k before and after training (summary.json details.eval_sampled, train.eval_samples)."""
     got = ((summary or {}).get("details") or {}).get("eval_sampled") or {}
@@ -161,6 +201,7 @@ def render(run_dir: Path, rows: list[dict], alarms: list[dict], summary: dict | 
     lines.append(f"steps: {len(rows)}" + (f" ({steps[0]}..{steps[-1]})" if steps else ""))
     if rows:
         lines += ["", "metrics:", *summary_table(rows)]
+    lines += async_lines(rows)
     lines += sampled_lines(summary)
     lines += ["", f"alarms ({len(alarms)}):" if alarms else "alarms: none"]
     for a in alarms:

@@ -1,6 +1,8 @@
 """The GRPO trainer: one loop, its phases in order (see ARCHITECTURE.md).
 
     per step (`train_step`):
+    1-3. collect       the run's collector (tinyrl.collect; partial rollouts: tinyrl.inflight; one-step-off:
+                       tinyrl.overlap) does phases 1-3 and hands over a batch of whole groups:
     1. generate        engine.generate(prompts, n=G) -> Rollouts (ids, masks, sampling logprobs)
     2. reward          the run's reward functions -> per-component and total rewards
     3. shape           DAPO overlong penalty; dynamic sampling keeps informative groups, samples again
@@ -24,7 +26,7 @@ import logging
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +35,19 @@ from peft import set_peft_model_state_dict
 from tqdm.auto import tqdm
 
 from tinyrl import checkpoint, distributed, kernels
-from tinyrl.algo import shaping
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
 from tinyrl.checkpoint import CheckpointData
+from tinyrl.collect import Shaper
 from tinyrl.config import RunConfig, with_fields
 from tinyrl.data import PromptSource
 from tinyrl.distributed import Dist
 from tinyrl.errors import ResumeError, StaleWeightsError
 from tinyrl.evaluation import accuracy, run_sampled
+from tinyrl.inflight import make_collector
 from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.monitor import Action, Monitor, planned_action
-from tinyrl.rewards.core import RewardSet, score_rollouts
+from tinyrl.rewards.core import RewardSet
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import Run, RunDir
 from tinyrl.stop import StopSignals
@@ -98,6 +101,8 @@ class Trainer:
         self.model, self.tokenizer, self.engine, self.task = parts.model, parts.tokenizer, parts.engine, parts.task
         self.eval_rows, self.rewards, self.sampling = parts.eval_rows, parts.rewards, parts.sampling
         self.prompts = PromptSource(parts.train_rows, cfg.data.seed, dist.rank, dist.world)  # [dist]
+        self.collector = make_collector(cfg, self.engine, self.prompts, Shaper(cfg, self.rewards, self.sampling),
+                                        self.sampling, dist, self.model)  # synchronous, partial, one-step-off
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.scheduler = checkpoint.make_scheduler(self.optimizer, cfg.train, cfg.algo.num_iterations)
@@ -186,80 +191,8 @@ class Trainer:
     # ------------------------------------------------------------------ phases
 
     def collect_batch(self) -> tuple[Rollouts, dict]:
-        """B groups: generate, reward, shape; with dynamic sampling, keep only groups whose rewards
-        differ and sample again until there are B or the round cap is reached."""
-        cfg = self.cfg
-        B, G = cfg.train.prompts_per_step, cfg.rollout.num_generations
-        kept: list[Rollouts] = []
-        n_kept = dropped = rounds = 0
-        counts: dict[str, float] = {}  # failed samples per reward; what the rewards tallied (sandbox outcomes)
-        while True:
-            first, rows = self.prompts.take(B - n_kept)  # [dist] this rank's share; `first`: its stream position
-            local = 0
-            if rows:  # [dist] in a late dynamic-sampling round a rank may get no prompt
-                batch = self.generate(rows, G, stream=first)  # 1
-                for k, v in self.reward(batch).items():  # 2
-                    counts[k] = counts.get(k, 0) + v
-                self.shape(batch)  # 3
-                last_full = batch
-                if cfg.algo.dynamic_sampling:
-                    batch, n_dropped = self.keep_informative(batch)
-                    dropped += n_dropped
-                if batch.num_rows:
-                    kept.append(batch)
-                    local = int(batch.group.max()) + 1
-            rounds += 1
-            n_kept += int(self.dist.all_reduce_sum(local))  # [dist] every rank agrees when the batch is full
-            if not cfg.algo.dynamic_sampling or n_kept >= B or rounds > cfg.algo.max_sampling_rounds:
-                break
-        # No informative group at all within the cap: train on the last batch (all advantages 0).
-        batch = Rollouts.concat(kept) if kept else last_full if n_kept == 0 else last_full.select([])
-        counts = distributed.sum_counts(self.dist, counts)  # [dist]
-        return batch, {"dynamic_dropped_groups": int(self.dist.all_reduce_sum(dropped)), "sampling_rounds": rounds,
-                       "reward_failures": sum(v for k, v in counts.items() if k.startswith("reward_failures/")),
-                       **counts}
-
-    def generate(self, rows: list[dict], n: int, stream: int | None = None) -> Rollouts:
-        """n samples of each row's prompt. On an out-of-memory error the prompts go to the engine in
-        halves (whole groups each; the cap stays for the run) and are sampled again. `stream`: the
-        first row's position in the prompt stream, which seeds its samples (the same in any split)."""
-        at = lambda i: self.sampling if stream is None else replace(self.sampling, stream=stream + i)  # noqa: E731
-        while True:
-            k = self.state.rollout_prompts or len(rows)
-            try:
-                parts = [self.engine.generate([r["rendered"] for r in rows[i:i + k]], n=n, params=at(i),
-                                              columns=rows[i:i + k]) for i in range(0, len(rows), k)]
-                return Rollouts.concat(parts)
-            except torch.OutOfMemoryError:
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                if k == 1:
-                    raise
-                self.state.rollout_prompts = (k + 1) // 2
-                self.state.oom_retries += 1
-                log.warning("out of memory in the rollout: %d prompts (x %d samples) per engine call from now on; "
-                            "sampling again", self.state.rollout_prompts, n)
-
-    def reward(self, batch: Rollouts) -> dict[str, float]:
-        """Fill the batch's rewards; returns its counts (`RewardReport.counts`: failures, sandbox outcomes)."""
-        _, report = score_rollouts(batch, self.rewards)
-        return report.counts()
-
-    def shape(self, batch: Rollouts) -> None:
-        """DAPO's soft overlong punishment, on the tokens the policy sampled."""
-        a = self.cfg.algo
-        if a.overlong_buffer > 0:
-            pen = shaping.overlong_penalty(batch.completion_lengths, self.sampling.max_new_tokens,
-                                           a.overlong_buffer, a.overlong_penalty)
-            batch.reward_components["overlong"] = pen
-            batch.rewards = batch.rewards + pen
-
-    def keep_informative(self, batch: Rollouts) -> tuple[Rollouts, int]:
-        """DAPO dynamic sampling: the batch without its groups of identical rewards, and how many went."""
-        informative = shaping.informative_groups(batch.rewards, batch.group)
-        if informative.all():
-            return batch, 0
-        return batch.select(torch.nonzero(informative[batch.group]).squeeze(-1)), int((~informative).sum())
+        """Phases 1-3 (generate, reward, shape): the collector's batch for this step (tinyrl.collect)."""
+        return self.collector.collect(self.state)
 
     def reference(self, batch: Rollouts) -> None:
         """The reference policy's logprobs (adapter disabled), once per step, when beta > 0."""
@@ -453,6 +386,7 @@ class Trainer:
         return {"trainer": asdict(self.state), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rngs[0], "rng_ranks": rngs,  # one per process
                 "prompts": self.prompts.state_dict(), "engine": self.engine.state_dict(),
+                "collector": self.collector.state_dict(),  # partial rollouts: the in-flight groups' prompts
                 "monitor": self.monitor.state_dict(), "reward_failures": self.rewards.total_failures,
                 "config": self.base_cfg.to_dict()}
 
@@ -487,6 +421,7 @@ class Trainer:
                         len(ranks), d.world)
         checkpoint.set_rng_state(ranks[d.rank] if len(ranks) == d.world else state["rng"])
         self.prompts.load_state_dict(state["prompts"])
+        self.collector.load_state_dict(state.get("collector", {}))
         self.engine.load_state_dict(state["engine"])
         self.engine.sync(self.model)  # the engine samples from the restored adapter
         self.monitor.load_state_dict(state["monitor"])

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from tinyrl import kernels
-from tinyrl.algo.losses import BatchTotals
+from tinyrl.algo.losses import BatchTotals, off_policy_inputs, off_policy_mode
 from tinyrl.distributed import Dist
 from tinyrl.model.forward import (
     attention_implementation,
@@ -70,6 +70,7 @@ class UpdateResult:
     rows: torch.Tensor  # [n] long: the rows this pass trained on (forward + backward)
     num_rows: int  # N, the batch's rows
     overflow: bool = False  # skipped because the loss-scaled gradient overflowed (fp16): lower the scale, retry
+    offpolicy_cap: float | None = None  # the cap the step metrics count behaviour weights above (losses.OFF_POLICY)
 
 
 @dataclass
@@ -292,7 +293,8 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
                   loss_scale: float = 1.0) -> UpdateResult:
     """One optimiser step over the whole batch (gradient accumulation over micro-batches).
 
-    `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`); `max_len`
+    `algo` is the run's AlgoConfig (its loss switches, `chunk_size`, `loss_impl`, `tis`, `off_policy`: which
+    logprobs anchor the clip and weigh each token, `tinyrl.algo.losses.off_policy_inputs`); `max_len`
     is `rollout.max_new_tokens`, Dr. GRPO's constant normaliser. A batch with no learning signal
     (every advantage 0 and no KL or LLDS term: all groups solved or all failed) is not stepped:
     AdamW would still move the weights on its momentum and weight decay, drifting the policy on a
@@ -319,6 +321,8 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     acc: dict[str, float] = {}
     loss_total, finite = 0.0, True
     pick = lambda t, mb, dev: None if t is None else t[mb.rows, :mb.completion_end].to(dev)  # noqa: E731
+    # algo.off_policy: the clip's anchor, the weight's denominator and the switches (tis: today's, unchanged)
+    off = off_policy_inputs(algo, batch.old_logprobs, batch.sampling_logprobs)
     oom = False
     try:
         for mb in micro_batches(batch, rows, micro_batch):
@@ -328,8 +332,8 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
             adv = batch.advantages[mb.rows] if batch.advantages.dim() == 1 else batch.advantages[mb.rows, :t1]
             out = kernels.fused_linear_grpo_loss(
                 h, weight, batch.completion_ids[mb.rows, :t1].to(dev), loss_mask[mb.rows, :t1].to(dev), adv.to(dev),
-                algo, bias=bias, old_logp=pick(batch.old_logprobs, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
-                rollout_logp=pick(batch.sampling_logprobs, mb, dev) if algo.tis != "none" else None, totals=totals,
+                off.switches, bias=bias, old_logp=pick(off.old_logp, mb, dev), ref_logp=pick(batch.ref_logprobs, mb, dev),
+                rollout_logp=pick(off.rollout_logp, mb, dev), totals=totals,
                 temperature=temperature, chunk_size=algo.chunk_size, impl=algo.loss_impl)
             if not torch.isfinite(out.loss):
                 finite = False
@@ -373,7 +377,8 @@ def policy_update(model, optimizer, batch: Rollouts, algo, *, temperature: float
     n_tok = acc.pop("tokens", 0.0)
     stats = {k: v / n_tok for k, v in acc.items()} if n_tok else {}
     stats["loss"] = loss_total
-    return UpdateResult(stats, grad_norm, skipped, no_signal, logprobs, entropy, rows, N, skipped and loss_scale > 1)
+    return UpdateResult(stats, grad_norm, skipped, no_signal, logprobs, entropy, rows, N, skipped and loss_scale > 1,
+                        off_policy_mode(algo).cap(algo))
 
 
 # fp16 training's dynamic loss scale (torch.amp.GradScaler's defaults); bf16 and fp32 need none

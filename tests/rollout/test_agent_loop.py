@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import Recording, make_char_model
+from tests.conftest import Recording
 from tinyrl.rollout.agent import AgentEngine
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.hf import HFEngine
@@ -56,16 +56,6 @@ def echo_env(row):  # the factory contract: an environment already reset with it
     env = EchoEnv()
     env.reset(row)
     return env
-
-
-@pytest.fixture(scope="module")
-def char_policy(tmp_path_factory):
-    """A random Llama over tiny-arith's printable-ASCII tokenizer: it emits "]" and "!" often."""
-    from tinyrl.config import LoraConfig, ModelConfig
-    from tinyrl.model import load_policy
-
-    path = make_char_model(tmp_path_factory.mktemp("char-random"))
-    return load_policy(ModelConfig(name=path), LoraConfig(r=4, alpha=8))
 
 
 def agent(policy, max_turns=3, max_obs=12, mask=True, seed=0):

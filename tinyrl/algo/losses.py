@@ -7,6 +7,11 @@ All [N, T] tensors are right-padded completions; `mask` selects the tokens that 
 The switches come from the run's `AlgoConfig` (`tinyrl.config`), passed as is: the loss has no
 copy of them (`LossSwitches` only names the fields it reads).
 
+Off-policy correction (`algo.off_policy`, `OFF_POLICY`): how the engine's logprobs of the sampled tokens
+(the behaviour policy) enter the loss, tis | bypass | decoupled; `off_policy_inputs` turns the mode into
+`policy_loss`'s own inputs (the clip's anchor `old_logp`, the weight's `rollout_logp`, the switches), so the
+fused Triton path serves every mode. docs/algorithms.md has the formulas.
+
 Micro-batching: pass the totals of the whole optimiser batch (`BatchTotals`), so the
 micro-batch losses add up to the batch loss and gradient accumulation is exact.
 """
@@ -34,6 +39,8 @@ class LossSwitches(Protocol):
     tis_mode: str  # truncate | mask
     tis_cap: float
     llds_lambda: float
+    off_policy: str  # a name in OFF_POLICY (read by `off_policy_inputs`, not by `policy_loss`)
+    off_policy_cap: float
 
 
 @dataclass
@@ -131,6 +138,109 @@ def tis_weights(old_logp, rollout_logp, mask, s: LossSwitches) -> torch.Tensor:
     return (w <= s.tis_cap).to(w.dtype) * w
 
 
+# --------------------------------------------------------------------------- off-policy correction
+
+
+class SwitchesView:
+    """`LossSwitches` with some fields replaced: how an off-policy mode tells `policy_loss` (and the fused
+    Triton path, which calls it) what to do without a copy of the config.
+
+    >>> SwitchesView(type("S", (), {"tis": "none", "tis_cap": 3.0})(), tis="token").tis
+    'token'
+    """
+
+    def __init__(self, base: LossSwitches, **replaced):
+        self._base, self._replaced = base, replaced
+
+    def __getattr__(self, name: str):
+        replaced = self.__dict__.get("_replaced", {})
+        return replaced[name] if name in replaced else getattr(self.__dict__["_base"], name)
+
+
+@dataclass
+class OffPolicyInputs:
+    """What the loss gets for one pass: the clip's anchor, the logprobs its weight is taken against, the switches."""
+
+    old_logp: torch.Tensor | None  # [N, T] the clip's anchor pi_old; None = logp.detach() (the first pass)
+    rollout_logp: torch.Tensor | None  # [N, T] the weight's denominator (behaviour); None = no weight
+    switches: LossSwitches
+
+
+def _tis_inputs(s: LossSwitches, proximal, behaviour) -> OffPolicyInputs:
+    """Today's loss: clip around the weights at the step's start, TIS weight when `tis` is on."""
+    return OffPolicyInputs(proximal, behaviour if s.tis != "none" else None, s)
+
+
+def _bypass_inputs(s: LossSwitches, proximal, behaviour) -> OffPolicyInputs:
+    """The behaviour logprobs are the old policy on every pass: clip on pi / pi_behav, no weight."""
+    return OffPolicyInputs(behaviour, None, SwitchesView(s, tis="none"))
+
+
+def _decoupled_inputs(s: LossSwitches, proximal, behaviour) -> OffPolicyInputs:
+    """AReaL's decoupled PPO: clip on pi / pi_prox, times w = pi_prox / pi_behav per token, w > cap masked
+    (weight 0, the token stays in the normaliser): exactly token-level TIS in mask mode at off_policy_cap."""
+    return OffPolicyInputs(proximal, behaviour, SwitchesView(s, tis="token", tis_mode="mask", tis_cap=s.off_policy_cap))
+
+
+@dataclass(frozen=True)
+class OffPolicyMode:
+    inputs: Callable[[LossSwitches, Optional[torch.Tensor], torch.Tensor], OffPolicyInputs]
+    cap: Callable[[LossSwitches], float]  # the cap `offpolicy_stats` counts weights above
+
+
+# algo.off_policy -> how the loss treats the behaviour policy (the engine's logprobs of each sampled token)
+OFF_POLICY: dict[str, OffPolicyMode] = {
+    "tis": OffPolicyMode(_tis_inputs, lambda s: s.tis_cap if s.tis != "none" else s.off_policy_cap),
+    "bypass": OffPolicyMode(_bypass_inputs, lambda s: s.off_policy_cap),
+    "decoupled": OffPolicyMode(_decoupled_inputs, lambda s: s.off_policy_cap),
+}
+
+
+def off_policy_mode(s: LossSwitches) -> OffPolicyMode:
+    """The mode of `s.off_policy` (switches without the field, older callers' stand-ins: "tis", today's).
+    `auto` is the config's, decided by tinyrl.config.resolve from the run's staleness; a bare AlgoConfig
+    that never went through it (a test's) reads it as "tis", the synchronous loss."""
+    name = getattr(s, "off_policy", "tis")
+    return OFF_POLICY["tis" if name == "auto" else name]
+
+
+def off_policy_inputs(s: LossSwitches, proximal: torch.Tensor | None, behaviour: torch.Tensor) -> OffPolicyInputs:
+    """The loss inputs of `s.off_policy` for one pass over a batch.
+
+    `proximal`: the weights at the step's start (None on the first pass: the current logprobs, detached;
+    later passes: the first pass's logprobs); `behaviour`: the engine's logprobs of the sampled tokens.
+
+        tis        clip on pi/pi_prox; x min(pi_prox/pi_behav, tis_cap) when `tis` is on (today's loss)
+        bypass     clip on pi/pi_behav; no weight; every pass anchors to the behaviour policy
+        decoupled  clip on pi/pi_prox; x w = pi_prox/pi_behav (detached) per token, 0 where w > off_policy_cap
+
+    decoupled follows AReaL's `ppo_actor_loss_fn` (inclusionAI/AReaL, areal/utils/functional.py): the ratio
+    and clip against `proximal_logprobs`, `behav_imp_weight = exp(proximal - old)` multiplying the clipped
+    loss, and the tokens whose weight exceeds `behav_imp_weight_cap` masked out of the sum (weight 0) while
+    the normaliser still counts every loss token. The `tis*` switches are not read by bypass or decoupled.
+    """
+    return off_policy_mode(s).inputs(s, proximal, behaviour)
+
+
+@torch.no_grad()
+def offpolicy_stats(old_logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, cap: float) -> dict:
+    """Statistics of the token weights w = pi_old / pi_behav over the tokens where `mask` is set:
+    `offpolicy_ess` = (sum w)^2 / (n sum w^2) in (0, 1], the normalised effective sample size (1: every
+    weight equal, as on-policy), and `offpolicy_capped_frac`, the share with w > `cap`. Tokens outside
+    `mask` (padding, tool observations, whose behaviour logprob is 0) never count. Empty mask: {}.
+
+    >>> st = offpolicy_stats(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, -2.0]]), torch.ones(1, 2), cap=5.0)
+    >>> {k: round(v, 3) for k, v in st.items()}  # w = 1 and e^2 = 7.39
+    {'offpolicy_ess': 0.633, 'offpolicy_capped_frac': 0.5}
+    """
+    m = mask.bool()
+    if not m.any():
+        return {}
+    w = torch.exp((old_logp[m] - behaviour[m]).double().clamp(max=20.0))
+    return {"offpolicy_ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())),
+            "offpolicy_capped_frac": float((w > cap).double().mean())}
+
+
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
     """The loss mask restricted to the top-q fraction of its tokens by entropy (ties at the
     threshold kept), selected over everything passed in: give it the whole optimiser batch, not
@@ -171,7 +281,7 @@ def policy_loss(
     s: LossSwitches,
     totals: BatchTotals | None = None,
     ref_logp: torch.Tensor | None = None,  # [N, T] reference policy: the KL term (beta > 0) and `ref_kl`
-    rollout_logp: torch.Tensor | None = None,  # [N, T] rollout-engine logprobs, for TIS
+    rollout_logp: torch.Tensor | None = None,  # [N, T] rollout-engine logprobs, for TIS (and decoupled's weight)
 ) -> LossOutput:
     """The micro-batch's share of the batch loss, and its statistics.
 

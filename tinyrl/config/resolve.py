@@ -130,9 +130,20 @@ def resolve(preset: str | Path | None = None, profile: str | None = None, overri
         cfg = config_from_dict(data)
         written, path = cfg.to_dict(), None
         name = cfg.log.name or name
+    cfg = decide_off_policy(cfg)  # (no hardware in it: decided for every caller)
     if decide_auto:  # the process that trains: `auto` decided, a run that cannot work refused (no folder yet)
         cfg = preflight.check(decide_dtype(cfg))  # model.dtype auto first: the plan depends on it
     return Resolved(name, cfg, written, path, overrides)
+
+
+def decide_off_policy(cfg: RunConfig) -> RunConfig:
+    """algo.off_policy auto: `decoupled` (AReaL's decoupled PPO) when a batch holds tokens of older policy
+    versions (rollout.max_staleness > 0: partial rollouts, one-step-off), else `tis` (the synchronous loss).
+    Uncorrected, one-step-off collapsed the tiny search agent on 2 of 3 seeds (benchmarks/async_rollout.py)."""
+    if cfg.algo.off_policy != "auto":
+        return cfg
+    mode = "decoupled" if cfg.rollout.max_staleness > 0 else "tis"
+    return dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, off_policy=mode))
 
 
 def decide_dtype(cfg: RunConfig, capability: int | None | str = "this process") -> RunConfig:

@@ -75,6 +75,12 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     gpu_memory_utilization: float = 0.4  # vLLM only
     max_model_len: int = 1024  # vLLM only
+    # Partial rollouts (tinyrl.rollout.partial): 0 = synchronous, every step waits for its longest group.
+    # k >= 1: a step trains on the groups that completed; the rest continue into the next step under the
+    # new adapter; a group holding a token sampled more than k policy versions ago is dropped (counted).
+    max_staleness: int = 0
+    overlap: bool = False  # one-step-off: the next step's batch is collected during this step's update (tinyrl.overlap)
+    inflight_groups: Optional[int] = None  # groups in flight when max_staleness > 0; None: B + B//4 (at least B + 1)
 
     def validate(self, p: str) -> None:
         check(self.num_generations >= 2, f"{p}.num_generations", f"must be >= 2 for group-relative advantages, got {self.num_generations}")
@@ -82,6 +88,11 @@ class RolloutConfig:
         check(0 < self.top_p <= 1, f"{p}.top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         check(0 < self.gpu_memory_utilization <= 1, f"{p}.gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        check(self.max_staleness >= 0, f"{p}.max_staleness", f"must be >= 0 (0: synchronous), got {self.max_staleness}")
+        check(not self.overlap or self.max_staleness >= 1, f"{p}.overlap",
+              "trains on tokens one policy version old: it needs rollout.max_staleness >= 1")
+        g = self.inflight_groups
+        check(g is None or g >= 1, f"{p}.inflight_groups", f"must be >= 1 or null, got {g}")
 
 
 @dataclass
@@ -109,6 +120,13 @@ class AlgoConfig:
     tis: Literal["none", "token", "sequence"] = "none"  # truncated IS correction rollout -> trainer
     tis_mode: Literal["truncate", "mask"] = "truncate"
     tis_cap: float = 3.0
+    # How the loss treats the behaviour policy (the engine's logprobs of each sampled token), tinyrl.algo.losses:
+    # tis: today's, the `tis` switches above; bypass: the behaviour logprobs are the old policy (no proximal
+    # pass); decoupled: AReaL's decoupled PPO, the clip around the weights at the step's start and the
+    # behaviour ratio a weight, tokens above off_policy_cap masked out
+    # auto: decoupled when the batches mix policy versions (rollout.max_staleness > 0), else tis (resolve decides)
+    off_policy: Literal["auto", "tis", "bypass", "decoupled"] = "auto"
+    off_policy_cap: float = 5.0
     top_entropy_quantile: Optional[float] = None  # train only on the top-q highest-entropy tokens
     llds_lambda: float = 0.0  # lazy-likelihood-displacement stabiliser weight (0.2 when on)
     loss_impl: Literal["auto", "torch", "triton"] = "auto"  # fused linear loss backend
@@ -128,6 +146,7 @@ class AlgoConfig:
         check(self.max_sampling_rounds >= 0, f"{p}.max_sampling_rounds", f"must be >= 0, got {self.max_sampling_rounds}")
         check(self.overlong_buffer >= 0, f"{p}.overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
         check(self.tis_cap > 0, f"{p}.tis_cap", f"must be > 0, got {self.tis_cap}")
+        check(self.off_policy_cap > 1, f"{p}.off_policy_cap", f"must be > 1, got {self.off_policy_cap}")
         q = self.top_entropy_quantile
         check(q is None or 0 < q <= 1, f"{p}.top_entropy_quantile", f"must be in (0, 1] or null, got {q}")
         check(self.llds_lambda >= 0, f"{p}.llds_lambda", f"must be >= 0, got {self.llds_lambda}")

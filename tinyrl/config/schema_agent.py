@@ -26,6 +26,10 @@ class AgentConfig:
     top_k: int = 3  # passages per search
     retriever_model: Optional[str] = None  # dense: a sentence-transformers model dir or hub id (e5-base-v2)
     index: Optional[str] = None  # dense: a prebuilt faiss index of the corpus; bm25: a saved bm25s index dir
+    # streaming: a trajectory whose tool returned joins the running decode batch at the next decode step
+    # (tinyrl.rollout.episodes); off: turn-synchronous, every turn waits for every tool call of the turn
+    streaming: bool = False
+    tool_workers: int = 8  # tool calls (and, streaming, reward functions) running at once
 
     def validate(self, p: str) -> None:
         check(len(set(self.tools)) == len(self.tools), f"{p}.tools", f"names a tool twice: {self.tools}")
@@ -36,5 +40,6 @@ class AgentConfig:
         check(self.max_obs_tokens >= 1, f"{p}.max_obs_tokens", f"must be >= 1, got {self.max_obs_tokens}")
         check(self.tool_timeout > 0, f"{p}.tool_timeout", f"must be > 0, got {self.tool_timeout}")
         check(self.top_k >= 1, f"{p}.top_k", f"must be >= 1, got {self.top_k}")
+        check(self.tool_workers >= 1, f"{p}.tool_workers", f"must be >= 1, got {self.tool_workers}")
         check(self.retriever != "dense" or self.retriever_model is not None, f"{p}.retriever_model",
                "is required when agent.retriever is 'dense' (a sentence-transformers model, e.g. intfloat/e5-base-v2)")

@@ -105,6 +105,9 @@ class MonitorConfig:
     truncation_max: float = 0.05  # window mean of truncated_frac above this
     truncation_steps: int = 2
     truncation_cooldown: int = 50
+    # offpolicy_drift (partial rollouts; thresholds: tinyrl.monitor_rules.OFFPOLICY_*)
+    offpolicy_drift_steps: int = 2
+    offpolicy_drift_cooldown: int = 50
 
     disabled: list[str] = field(default_factory=list)  # rule names to skip
     auto_dynamic_sampling: bool = False  # advantage_collapse -> algo.dynamic_sampling = true

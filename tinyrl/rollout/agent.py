@@ -16,8 +16,13 @@ Each trajectory is one `Rollouts` row whose completion is every token after the 
   observation (cut to `agent.max_obs_tokens`) is appended; at most `agent.max_turns` tool
   calls, then a trajectory that still calls a tool ends there (`hit_max_turns`). The whole
   trajectory stays within `rollout.max_new_tokens`; running out of it is truncation.
-- Batched per turn: every live trajectory's next turn is one `sample` call, however many there
-  are; tool calls of a turn run concurrently (a slow tool does not serialise the batch).
+- Turn-synchronous (default): every live trajectory's next turn is one `sample` call, however many
+  there are; tool calls of a turn run concurrently (a slow tool does not serialise the batch), and
+  the next turn waits for all of them.
+- Streaming (`agent.streaming`): trajectories advance independently through one decode session
+  (tinyrl.rollout.episodes): a trajectory whose tool returned joins the running decode batch at the
+  next decode step while others decode or wait on their tools. The same ids, observation masks and
+  logprobs under greedy decoding; sampled turns after the first draw from the session's generator.
 - Failures never crash: the environment turns a tool that raises, hangs or is unknown into a
   fixed observation with an error kind, counted in `trajectories[i]["tool_errors"]`.
 
@@ -30,47 +35,23 @@ trajectory: `env_factory(row)` returns one already reset with `row`; the loop ca
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from tinyrl.agents.demonstrations import Call, step_text
 from tinyrl.agents.environments import build_agent
 from tinyrl.agents.prompts import render_agent_prompt
 from tinyrl.agents.tools import ToolResult
 from tinyrl.rollout.base import Rollouts, SamplingParams, pack_rollouts
-
-
-@dataclass
-class Trajectory:
-    prompt_ids: list[int]
-    row: dict
-    env: object
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    obs: list[int] = field(default_factory=list)  # 1 on observation tokens
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    hit_max_turns: bool = False
-    truncated: bool = False
-    done: bool = False
-    log: list[dict] = field(default_factory=list)
-
-    def add(self, ids: list[int], logprobs: list[float] | None, observation: bool) -> None:
-        self.ids += ids
-        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
-        self.obs += [int(observation)] * len(ids)
-
-    def info(self) -> dict:
-        return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "hit_max_turns": self.hit_max_turns, "turn_log": self.log}
+from tinyrl.rollout.episodes import EpisodeRunner, Trajectory
+from tinyrl.rollout.session import session_of
 
 
 class AgentEngine:
     """A RolloutEngine that runs multi-turn tool episodes on top of a sampling engine."""
 
-    def __init__(self, inner, tokenizer, fmt, env_factory, agent_cfg, workers: int = 8, toolbox=None):
+    def __init__(self, inner, tokenizer, fmt, env_factory, agent_cfg, workers: int | None = None, toolbox=None):
         self.inner, self.tokenizer, self.fmt, self.env_factory, self.cfg = inner, tokenizer, fmt, env_factory, agent_cfg
-        self.workers = workers
+        self.workers = workers or getattr(agent_cfg, "tool_workers", 8)
         self.toolbox = toolbox  # the tools the prompt describes (None: the format's own instructions only)
 
     @classmethod
@@ -92,11 +73,28 @@ class AgentEngine:
         tok = self.tokenizer
         cols = columns if columns is not None else [{} for _ in prompts]
         prompt_ids = tok(list(prompts), add_special_tokens=False)["input_ids"]
-        trajs = [self._start(prompt_ids[i], cols[i]) for i in range(len(prompts)) for _ in range(n)]
-        turn_params = replace(params, stop=list(dict.fromkeys([*self.fmt.stop, *self.fmt.final, *params.stop])))
+        trajs = [self.start(prompt_ids[i], cols[i]) for i in range(len(prompts)) for _ in range(n)]
+        turn_params = self.turn_params(params)
         budget = params.max_new_tokens
+        if getattr(self.cfg, "streaming", False):
+            groups = [trajs[i * n:(i + 1) * n] for i in range(len(prompts))]
+            streams = [None if params.stream is None else params.stream + i for i in range(len(prompts))]
+            with session_of(self.inner, turn_params, greedy) as session:
+                EpisodeRunner(self, budget, self.workers).run(session, groups, streams)
+        else:
+            self._turn_synchronous(trajs, n, turn_params, budget, greedy)
+        batch = self.pack(trajs, [i // n for i in range(len(trajs))], [prompts[i // n] for i in range(len(trajs))])
+        batch.versions = None  # one call, one adapter: every token is the current policy's
+        return batch
+
+    def turn_params(self, params: SamplingParams) -> SamplingParams:
+        """A model turn's sampling: it also stops at the format's tool-call and answer end tags."""
+        return replace(params, stop=list(dict.fromkeys([*self.fmt.stop, *self.fmt.final, *params.stop])))
+
+    def _turn_synchronous(self, trajs: list[Trajectory], n: int, turn_params: SamplingParams, budget: int,
+                          greedy: bool) -> None:
         # the first turn shares each prompt's prefill over its n samples
-        first = self.inner.sample(prompt_ids, turn_params, n=n, greedy=greedy)
+        first = self.inner.sample([t.prompt_ids for t in trajs[::n]], turn_params, n=n, greedy=greedy)
         self._advance(trajs, [s for group in first for s in group], budget)
         while any(not t.done for t in trajs):
             live = [t for t in trajs if not t.done]
@@ -105,10 +103,13 @@ class AgentEngine:
                                     greedy=greedy,
                                     max_new=[budget - len(t.ids) for t in live])
             self._advance(live, [g[0] for g in out], budget)
-        batch = pack_rollouts(tok, [t.prompt_ids for t in trajs], [t.ids for t in trajs], [t.logprobs for t in trajs],
-                              [t.truncated for t in trajs], [i // n for i in range(len(trajs))],
-                              [prompts[i // n] for i in range(len(trajs))], [t.row for t in trajs],
-                              observation=[t.obs for t in trajs], trajectories=[t.info() for t in trajs])
+
+    def pack(self, trajs: list[Trajectory], group: list[int], prompts: list[str]) -> Rollouts:
+        """Trajectories -> one Rollouts batch (observation tokens marked; each token's policy version)."""
+        batch = pack_rollouts(self.tokenizer, [t.prompt_ids for t in trajs], [t.ids for t in trajs],
+                              [t.logprobs for t in trajs], [t.truncated for t in trajs], group, prompts,
+                              [t.row for t in trajs], observation=[t.obs for t in trajs],
+                              trajectories=[t.info() for t in trajs], versions=[t.versions for t in trajs])
         if not self.cfg.mask_observations:  # the ablation: observation tokens trained on as if sampled
             batch.loss_mask = batch.completion_mask.clone()
         return batch
@@ -130,7 +131,7 @@ class AgentEngine:
         (completion ids, observation mask: 1 on observation tokens), or None when it does not fit in
         `budget` tokens (a rollout could never produce it). Each step is tokenised alone, as a sampled
         turn would stand; the tool really runs; the answer step ends with EOS."""
-        t = self._start(prompt_ids, row)
+        t = self.start(prompt_ids, row)
         eos = self.tokenizer.eos_token_id
         for step in steps:
             text = step_text(self.fmt, step)
@@ -145,34 +146,52 @@ class AgentEngine:
 
     # ------------------------------------------------------------------ turns
 
-    def _start(self, prompt_ids: list[int], row: dict) -> Trajectory:
+    def start(self, prompt_ids: list[int], row: dict) -> Trajectory:
         return Trajectory(list(prompt_ids), row, self.env_factory(row))  # the factory resets it with row
 
     def _advance(self, trajs: list[Trajectory], samples, budget: int) -> None:
-        """Append each trajectory's new turn; run the tool calls of those that made one."""
+        """Turn-synchronous: append each trajectory's new turn; run the tool calls of those that made one."""
         calling = []
         for t, s in zip(trajs, samples):
             t.add(s.token_ids, s.logprobs, observation=False)
-            t.turns += 1
-            text = self.tokenizer.decode(s.token_ids, skip_special_tokens=True)
-            entry = {"role": "assistant", "text": text}
-            t.log.append(entry)
-            # generation stops at the first stop string, so a tool tag in the text is the one that ended it
-            made_call = s.finish == "stop" and any(x in text for x in self.fmt.stop)
-            if not made_call:
-                t.done, t.truncated = True, s.finish == "length" or len(t.ids) >= budget
-            elif t.tool_calls >= self.cfg.max_turns:
-                t.done, t.hit_max_turns = True, True
-            elif len(t.ids) >= budget:
-                t.done, t.truncated = True, True
-            else:
-                calling.append((t, entry, text))
+            job = self.end_turn(t, s.finish, budget)
+            if job is not None:
+                calling.append((t, job))
         if not calling:
             return
         with ThreadPoolExecutor(max_workers=min(self.workers, len(calling))) as pool:
-            results = list(pool.map(lambda c: self._call_tools(c[0], c[2]), calling))
-        for (t, entry, _), (calls, res) in zip(calling, results):
-            self._observe(t, entry, calls, res, budget)
+            results = list(pool.map(lambda c: self.run_tool(*c), calling))
+        for (t, job), res in zip(calling, results):
+            self.observe(t, job, res, budget)
+            t.turn_start = len(t.ids)
+
+    # ------------------------------------------------------------------ TurnRules (tinyrl.rollout.episodes)
+
+    def end_turn(self, t: Trajectory, finish: str, budget: int):
+        """The turn's tokens (t.ids[t.turn_start:]) are in t: mark t done, or return (log entry, turn text)
+        for a tool call to run."""
+        t.turns += 1
+        text = self.tokenizer.decode(t.ids[t.turn_start:], skip_special_tokens=True)
+        entry = {"role": "assistant", "text": text}
+        t.log.append(entry)
+        # generation stops at the first stop string, so a tool tag in the text is the one that ended it
+        made_call = finish == "stop" and any(x in text for x in self.fmt.stop)
+        if not made_call:
+            t.done, t.truncated = True, finish == "length" or len(t.ids) >= budget
+        elif t.tool_calls >= self.cfg.max_turns:
+            t.done, t.hit_max_turns = True, True
+        elif len(t.ids) >= budget:
+            t.done, t.truncated = True, True
+        else:
+            return entry, text
+        return None
+
+    def run_tool(self, t: Trajectory, job):
+        return self._call_tools(t, job[1])
+
+    def observe(self, t: Trajectory, job, result, budget: int) -> None:
+        calls, res = result
+        self._observe(t, job[0], calls, res, budget)
 
     def _call_tools(self, t: Trajectory, text: str):
         calls = self.fmt.parse(text)

@@ -1,0 +1,125 @@
+"""One-step-off rollouts (rollout.overlap, tinyrl.overlap): the rollout copy shares the base, the adapter is
+handed over before each collection, every trained token is one version old, a killed run resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_resume import cli, overrides
+from tinyrl.api import build_trainer
+from tinyrl.config import RunConfig
+from tinyrl.errors import ConfigError
+from tinyrl.overlap import OverlapCollector, detached_engine, shared_base_copy
+from tinyrl.runs import RunDir
+
+
+def lora(model):
+    return [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+
+def test_the_rollout_copy_shares_the_base_and_owns_its_adapter(tiny_model_dir, run_root):
+    t = build_trainer(overrides=overrides(tiny_model_dir, run_root, "copy"))
+    try:
+        copy = shared_base_copy(t.model)
+        frozen = {n: p for n, p in t.model.named_parameters() if not p.requires_grad}
+        for n, p in copy.named_parameters():
+            if n in frozen:
+                assert p.data_ptr() == frozen[n].data_ptr()  # the base is held once
+            else:
+                assert p.data_ptr() != dict(t.model.named_parameters())[n].data_ptr()
+        assert sum(1 for p in copy.parameters() if p.requires_grad) == len(lora(t.model)) > 0
+    finally:
+        t.run.unlock()
+
+
+def test_the_adapter_is_handed_over_before_each_collection(tiny_model_dir, run_root):
+    o = {**overrides(tiny_model_dir, run_root, "overlap"), "rollout.max_staleness": 1, "rollout.overlap": True,
+         "train.save_every": 0}
+    t = build_trainer(overrides=o)
+    try:
+        assert isinstance(t.collector, OverlapCollector)
+        p0 = lora(t.model)
+        m1, _ = t.train_step()  # trains on a batch of version 0; launches step 2's collection with version 0
+        t.collector.settle()
+        assert all(torch.equal(a, b) for a, b in zip(lora(t.collector.rollout_model), p0))
+        p1 = lora(t.model)
+        assert any(not torch.equal(a, b) for a, b in zip(p0, p1)), "the update did not move the adapter"
+        m2, _ = t.train_step()  # trains on version 0's batch at version 1; hands version 1 over
+        t.collector.settle()
+        assert all(torch.equal(a, b) for a, b in zip(lora(t.collector.rollout_model), p1))
+        assert m1["staleness_max"] == 0 and m2["staleness_mean"] == 1 and m2["staleness/1"] == 1.0
+        assert m2["overlap_s"] >= 0 and m2["rollout_wait_s"] >= 0
+        # the behaviour policy of step 2's batch is the adapter before the step-1 update, not the current one
+        assert m2["rollout_trainer_k3"] > 1e-6 > abs(m1["rollout_trainer_k3"])
+    finally:
+        t.run.unlock()
+
+
+def test_overlap_beside_a_pool_of_partial_rollouts_spends_one_version(tiny_model_dir, run_root):
+    from tinyrl.collect import SyncCollector
+    from tinyrl.inflight import PartialCollector
+
+    base = {**overrides(tiny_model_dir, run_root, "k1"), "rollout.overlap": True, "train.save_every": 0,
+            "rollout.max_staleness": 1, "rollout.max_new_tokens": 8}
+    t = build_trainer(overrides=base)
+    try:  # k = 1: every trained token is exactly one version old: nothing is left to carry a group with
+        assert isinstance(t.collector.inner, SyncCollector)
+    finally:
+        t.run.unlock()
+    t = build_trainer(overrides={**base, "rollout.max_staleness": 2, "log.name": "k2"})
+    try:
+        assert isinstance(t.collector.inner, PartialCollector)
+        rows = [t.train_step()[0] for _ in range(4)]
+        for m in rows[1:]:
+            assert m["staleness/0"] == 0.0 and 1 <= m["staleness_mean"] and m["staleness_max"] <= 2
+    finally:
+        t.run.unlock()
+
+
+def test_overlap_needs_staleness_and_the_hf_engine():
+    cfg = RunConfig()
+    cfg.rollout.overlap = True
+    with pytest.raises(ConfigError, match="rollout.overlap"):
+        cfg.rollout.validate("rollout")
+    with pytest.raises(ConfigError, match="hf engine"):
+        detached_engine(object(), None)
+
+
+@pytest.mark.slow
+def test_kill_9_during_an_overlapped_run_resumes(tiny_model_dir, run_root):
+    o = {**overrides(tiny_model_dir, run_root, "killed"), "rollout.max_staleness": 1, "rollout.overlap": True}
+    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
+    proc = cli(args)
+    run = RunDir(Path(run_root) / "killed")
+    deadline = time.time() + 240
+    while time.time() < deadline and run.latest_checkpoint() is None and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = int(run.latest_checkpoint().name.rsplit("-", 1)[-1])
+    resumed = cli(["--resume", str(run.path)])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == list(range(1, o["train.steps"] + 1))
+    assert metrics[saved]["staleness_max"] == 0  # the batch in flight at the checkpoint was collected again
+
+
+@pytest.mark.slow
+def test_one_step_off_on_the_search_agent_trains_on_tokens_one_version_old(run_root):
+    import tinyrl
+
+    run = tinyrl.train("tiny_search_cpu", **{"train.steps": 4, "rollout.max_staleness": 1, "rollout.overlap": True,
+                                             "log.run_dir": run_root, "log.progress": False,
+                                             "train.eval_before_after": False})
+    assert [m["staleness_max"] for m in run.metrics] == [0, 1, 1, 1]
+    assert all(m["staleness/1"] == 1.0 for m in run.metrics[1:])
+    assert not run.alarms  # the stale-weights canary knows these tokens are one version old on purpose

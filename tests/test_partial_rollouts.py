@@ -1,0 +1,188 @@
+"""Partial rollouts with bounded staleness (tinyrl.inflight): version accounting and the drop rule on
+a hand-made schedule, whole groups only, the real engine in a training run, and kill -9 mid-run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.test_resume import cli, overrides
+from tinyrl.api import build_trainer
+from tinyrl.collect import Shaper
+from tinyrl.config import RunConfig
+from tinyrl.config.schema import RewardSpec
+from tinyrl.data import PromptSource
+from tinyrl.distributed import Dist
+from tinyrl.inflight import PartialCollector, make_collector, staleness_stats
+from tinyrl.rewards.core import RewardSet
+from tinyrl.rollout.base import Sample, SamplingParams
+from tinyrl.runs import RunDir
+
+ASSETS = Path(__file__).resolve().parents[1] / "tinyrl" / "assets"
+
+
+class ScriptedSession:
+    """A decode session whose rows emit one token per step: a context whose prompt reads "L<k>" emits
+    k tokens ("a"), the last one EOS. The schedule is the test's, not a model's."""
+
+    def __init__(self, tok, log):
+        self.tok, self.rows, self.log = tok, [], log
+
+    def __len__(self):
+        return len(self.rows)
+
+    def add(self, key, context, max_new, n=1, stream=None):
+        text = self.tok.decode(context)
+        total = int(text.split("L")[1].split(";")[0])
+        already = text.count("a", text.index(";"))  # the tokens it already has (a continued row)
+        for j in range(n):
+            self.rows.append([key, j, [], total - already])
+        self.log.append(("add", key, already))
+
+    def step(self):
+        a, eos = self.tok.convert_tokens_to_ids("a"), self.tok.eos_token_id
+        out, keep = [], []
+        for r in self.rows:
+            r[3] -= 1
+            r[2].append(eos if r[3] == 0 else a)
+            (out if r[3] == 0 else keep).append(r)
+        self.rows = keep
+        return [(k, j, Sample(ids, [-0.5] * len(ids), "eos")) for k, j, ids, _ in out]
+
+    def pause(self):
+        out = [(k, j, Sample(ids, [-0.5] * len(ids), "paused")) for k, j, ids, _ in self.rows]
+        self.rows = []
+        return out
+
+
+class ScriptedEngine:
+    def __init__(self, tok):
+        self.tokenizer, self.log = tok, []
+
+    def session(self, params, greedy=False):
+        return contextlib.nullcontext(ScriptedSession(self.tokenizer, self.log))
+
+
+def scripted_collector(lengths, B=2, pool=3, k=1, G=2):
+    tok = AutoTokenizer.from_pretrained(ASSETS / "tiny-arith")
+    cfg = RunConfig()
+    cfg.train.prompts_per_step, cfg.rollout.num_generations = B, G
+    cfg.rollout.max_staleness, cfg.rollout.inflight_groups = k, pool
+    rows = [{"rendered": f"L{n};", "i": i} for i, n in enumerate(lengths)]
+    prompts = PromptSource(rows, seed=0)
+    prompts._order = lambda epoch: list(range(len(rows)))  # the schedule's order, not a shuffle
+    sampling = SamplingParams(max_new_tokens=64)
+    shaper = Shaper(cfg, RewardSet([RewardSpec("tests.test_training:reward_by_length")], isolate=False), sampling)
+    engine = ScriptedEngine(tok)
+    return PartialCollector(cfg, engine, prompts, shaper, sampling, Dist()), engine
+
+
+def test_versions_and_the_drop_rule_on_a_hand_made_schedule():
+    # prompts in stream order: lengths 2, 2, 9, 3, 2, 2, 2, 2; B = 2 groups a step, 3 in flight, k = 1
+    col, engine = scripted_collector([2, 2, 9, 3, 2, 2, 2, 2])
+    state = SimpleNamespace(step=0)
+    batch, stats = col.collect(state)  # step 0: groups 0, 1 finish at decode step 2; 2 (len 9) is paused
+    assert sorted({r["i"] for r in batch.columns}) == [0, 1]
+    assert stats["carried_groups"] == 1 and stats["stale_dropped_groups"] == 0
+    assert batch.versions.tolist() == [[0, 0]] * 4 and stats["staleness_max"] == 0
+    assert [t.versions for t in col.pool[0].members] == [[0, 0]] * 2  # 2 tokens under version 0
+
+    state.step = 1  # group 2 continues under version 1 beside new groups 3 (len 3) and 4 (len 2)
+    batch, stats = col.collect(state)
+    assert sorted({r["i"] for r in batch.columns}) == [3, 4]
+    assert [t.versions for t in col.pool[0].members][0] == [0, 0, 1, 1, 1]
+    assert ("add", ("t", 0), 2) in engine.log  # it continued from its 2 tokens, not from scratch
+
+    state.step = 2  # group 2's oldest token is 2 versions old now: dropped before decoding, and counted
+    batch, stats = col.collect(state)
+    assert stats["stale_dropped_groups"] == 1
+    assert 2 not in {r["i"] for r in batch.columns} and all(g.stream != 2 for g in col.pool)
+
+
+def test_groups_are_never_split_and_lags_are_counted():
+    col, _ = scripted_collector([2, 5, 3, 2, 6, 2, 4, 2, 3, 2, 2, 5, 2, 3, 2, 2, 4, 2], B=2, pool=4, k=3, G=3)
+    state = SimpleNamespace(step=0)
+    seen = []
+    for step in range(5):
+        state.step = step
+        batch, stats = col.collect(state)
+        assert batch.group.tolist() == [0, 0, 0, 1, 1, 1]  # whole groups of G, B of them
+        for g in range(2):
+            rows = [batch.columns[i]["i"] for i in range(6) if batch.group[i] == g]
+            assert len(set(rows)) == 1
+            seen.append(rows[0])
+        lag = (step - batch.versions)[batch.action_mask.bool()]
+        assert stats["staleness_max"] == int(lag.max()) <= 3
+        assert sum(stats[f"staleness/{d}"] for d in range(4)) == pytest.approx(1.0)
+    assert len(seen) == len(set(seen))  # no group trained twice
+
+
+def test_staleness_stats_by_hand():
+    col, _ = scripted_collector([2, 2, 2])
+    batch, _ = col.collect(SimpleNamespace(step=0))
+    batch.versions[:2] = 3  # two rows sampled at version 3, two at 0; trained at version 4
+    s = staleness_stats(batch, 4, 4)
+    assert s["staleness_mean"] == pytest.approx(2.5) and s["staleness_max"] == 4
+    assert s["staleness/1"] == pytest.approx(0.5) and s["staleness/4"] == pytest.approx(0.5)
+
+
+def test_partial_rollouts_train_the_real_engine(tiny_model_dir, run_root):
+    o = {**overrides(tiny_model_dir, run_root, "partial"), "rollout.max_staleness": 1, "train.steps": 4,
+         "rollout.max_new_tokens": 8, "train.save_every": 0}
+    t = build_trainer(overrides=o)
+    try:
+        assert isinstance(t.collector, PartialCollector)
+        for step in range(4):
+            metrics, _ = t.train_step()
+            assert metrics["staleness_max"] <= 1 and not metrics["skipped_nonfinite"]
+            assert metrics["step"] == step + 1
+        assert metrics["carried_groups"] >= 1  # 5 groups in flight (B + 1), 4 trained a step
+    finally:
+        t.run.unlock()
+
+
+def test_max_staleness_0_is_the_synchronous_collector(tiny_model_dir, run_root):
+    t = build_trainer(overrides=overrides(tiny_model_dir, run_root, "sync"))
+    try:
+        batch, stats = t.collect_batch()
+        assert batch.versions is None and "staleness_mean" not in stats and "carried_groups" not in stats
+    finally:
+        t.run.unlock()
+
+
+def test_a_multi_process_launch_is_refused_clearly():
+    cfg = RunConfig()
+    cfg.rollout.max_staleness = 1
+    with pytest.raises(Exception, match="max_staleness"):
+        make_collector(cfg, None, None, None, None, SimpleNamespace(world=2))
+
+
+@pytest.mark.slow
+def test_kill_9_during_partial_rollouts_resumes_with_nothing_half_trained(tiny_model_dir, run_root):
+    o = {**overrides(tiny_model_dir, run_root, "killed"), "rollout.max_staleness": 1}
+    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
+    proc = cli(args)
+    run = RunDir(Path(run_root) / "killed")
+    deadline = time.time() + 240
+    while time.time() < deadline and run.latest_checkpoint() is None and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.05)  # inside a later step, most likely
+    assert proc.poll() is None, proc.stderr.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    last = run.latest_checkpoint()
+    saved = int(last.name.rsplit("-", 1)[-1])
+    resumed = cli(["--resume", str(run.path)])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    metrics = run.metrics()
+    assert [m["step"] for m in metrics] == list(range(1, o["train.steps"] + 1))  # neither duplicated nor missing
+    first_after = metrics[saved]  # the resumed run's first step: its in-flight groups were sampled again
+    assert first_after["staleness_max"] == 0
