@@ -145,7 +145,7 @@ def child(spec: dict) -> dict:
             return out
         return wrapped
 
-    trainer.generate = phase("rollout", trainer.generate)
+    trainer.collector.generate = phase("rollout", trainer.collector.generate)  # (tinyrl.collect.SyncCollector)
     T.policy_update = phase("update", T.policy_update)
     no_signal = 0
     for _ in range(spec["steps"]):

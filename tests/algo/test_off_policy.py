@@ -1,23 +1,17 @@
 """algo.off_policy: tis (today's loss, unchanged), bypass (behaviour = old policy), decoupled (AReaL's
-decoupled PPO), the behaviour weights' statistics, the Triton path, and tiny end-to-end runs."""
+decoupled PPO), the behaviour weights' statistics and tiny end-to-end runs (the Triton path:
+tests/kernels/test_off_policy_kernel.py, under the kernels' interpreter set-up)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-_TRITON_PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available():  # as tests/kernels/conftest.py: the Triton kernels under the interpreter on CPU
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import tinyrl.kernels as K  # noqa: E402
-from tinyrl.algo.losses import OFF_POLICY, BatchTotals, off_policy_inputs, offpolicy_stats, policy_loss  # noqa: E402
-from tinyrl.config import AlgoConfig  # noqa: E402
+from tinyrl.algo.losses import OFF_POLICY, BatchTotals, off_policy_inputs, offpolicy_stats, policy_loss
+from tinyrl.config import AlgoConfig
 
 
 def loss_and_grad(logp0: torch.Tensor, adv, mask, s, proximal, behaviour):
@@ -134,41 +128,6 @@ def test_the_reference_cap_of_each_mode():
     caps = {m: OFF_POLICY[m].cap(AlgoConfig(off_policy=m, tis_cap=3.0, off_policy_cap=6.0)) for m in OFF_POLICY}
     assert caps == {"tis": 6.0, "bypass": 6.0, "decoupled": 6.0}
     assert OFF_POLICY["tis"].cap(AlgoConfig(tis="token", tis_cap=3.0, off_policy_cap=6.0)) == 3.0
-
-
-# --------------------------------------------------------------------------- the Triton path
-
-
-@pytest.mark.skipif(not K.HAS_TRITON, reason="triton not installed: pip install 'tinyrl-rlvr[kernels]'")
-@pytest.mark.skipif(_TRITON_PRELOADED and not torch.cuda.is_available(),
-                    reason="triton was imported before TRITON_INTERPRET was set (run this file on its own)")
-@pytest.mark.parametrize("mode", ["bypass", "decoupled"])
-def test_the_triton_loss_agrees_with_torch(mode):
-    torch.manual_seed(0)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    N, T, H, V = 3, 5, 16, 64
-    h = (torch.randn(N, T, H) / 2).to(dev)
-    w = torch.randn(V, H).to(dev)
-    t = torch.randint(0, V, (N, T)).to(dev)
-    mask = torch.ones(N, T, device=dev)
-    mask[0, 1] = 0
-    adv = torch.tensor([1.0, -0.5, 0.3], device=dev)
-    with torch.no_grad():
-        cur, _ = K.linear_logprobs(h, w, t, impl="torch")
-    prox = cur + (torch.rand(N, T, device=dev) - 0.5) * 0.6
-    behav = prox + (torch.rand(N, T, device=dev) - 0.5) * 3
-    s = AlgoConfig(off_policy=mode, off_policy_cap=1.8)
-    outs = {}
-    for impl in ("torch", "triton"):
-        hh = h.clone().requires_grad_()
-        x = off_policy_inputs(s, prox, behav)
-        out = K.fused_linear_grpo_loss(hh, w, t, mask, adv, x.switches, old_logp=x.old_logp,
-                                       rollout_logp=x.rollout_logp, impl=impl)
-        out.loss.backward()
-        outs[impl] = (out.loss.detach(), hh.grad)
-    assert torch.allclose(outs["torch"][0], outs["triton"][0], atol=2e-5, rtol=1e-4)
-    assert torch.allclose(outs["torch"][1], outs["triton"][1], atol=2e-5, rtol=1e-4)
-    assert outs["torch"][1].abs().sum() > 0
 
 
 # --------------------------------------------------------------------------- end to end
