@@ -3,21 +3,14 @@ handed over before each collection, every trained token is one version old, a ki
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.test_resume import cli, overrides
+from tests.test_resume import kill_9_after_first_checkpoint, overrides
 from tinyrl.api import build_trainer
 from tinyrl.config import RunConfig
 from tinyrl.errors import ConfigError
 from tinyrl.overlap import OverlapCollector, detached_engine, shared_base_copy
-from tinyrl.runs import RunDir
 
 
 def lora(model):
@@ -95,19 +88,7 @@ def test_overlap_needs_staleness_and_the_hf_engine():
 @pytest.mark.slow
 def test_kill_9_during_an_overlapped_run_resumes(tiny_model_dir, run_root):
     o = {**overrides(tiny_model_dir, run_root, "killed"), "rollout.max_staleness": 1, "rollout.overlap": True}
-    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
-    proc = cli(args)
-    run = RunDir(Path(run_root) / "killed")
-    deadline = time.time() + 240
-    while time.time() < deadline and run.latest_checkpoint() is None and proc.poll() is None:
-        time.sleep(0.01)
-    time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read()
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    saved = int(run.latest_checkpoint().name.rsplit("-", 1)[-1])
-    resumed = cli(["--resume", str(run.path)])
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    run, saved = kill_9_after_first_checkpoint(o)
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == list(range(1, o["train.steps"] + 1))
     assert metrics[saved]["staleness_max"] == 0  # the batch in flight at the checkpoint was collected again

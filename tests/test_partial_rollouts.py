@@ -4,17 +4,13 @@ a hand-made schedule, whole groups only, the real engine in a training run, and 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from transformers import AutoTokenizer
 
-from tests.test_resume import cli, overrides
+from tests.test_resume import kill_9_after_first_checkpoint, overrides
 from tinyrl.api import build_trainer
 from tinyrl.collect import Shaper
 from tinyrl.config import RunConfig
@@ -24,7 +20,6 @@ from tinyrl.distributed import Dist
 from tinyrl.inflight import PartialCollector, make_collector, staleness_stats
 from tinyrl.rewards.core import RewardSet
 from tinyrl.rollout.base import Sample, SamplingParams
-from tinyrl.runs import RunDir
 
 ASSETS = Path(__file__).resolve().parents[1] / "tinyrl" / "assets"
 
@@ -168,21 +163,50 @@ def test_a_multi_process_launch_is_refused_clearly():
 @pytest.mark.slow
 def test_kill_9_during_partial_rollouts_resumes_with_nothing_half_trained(tiny_model_dir, run_root):
     o = {**overrides(tiny_model_dir, run_root, "killed"), "rollout.max_staleness": 1}
-    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
-    proc = cli(args)
-    run = RunDir(Path(run_root) / "killed")
-    deadline = time.time() + 240
-    while time.time() < deadline and run.latest_checkpoint() is None and proc.poll() is None:
-        time.sleep(0.01)
-    time.sleep(0.05)  # inside a later step, most likely
-    assert proc.poll() is None, proc.stderr.read()
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    last = run.latest_checkpoint()
-    saved = int(last.name.rsplit("-", 1)[-1])
-    resumed = cli(["--resume", str(run.path)])
-    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    run, saved = kill_9_after_first_checkpoint(o)
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == list(range(1, o["train.steps"] + 1))  # neither duplicated nor missing
     first_after = metrics[saved]  # the resumed run's first step: its in-flight groups were sampled again
     assert first_after["staleness_max"] == 0
+
+
+class SeamSession:
+    """A row that writes "1+" before the pause and "=5" + EOS after it: the stop string "+=" spans the pause."""
+
+    def __init__(self, tok, pieces):
+        self.tok, self.pieces, self.rows = tok, pieces, []
+
+    def __len__(self):
+        return len(self.rows)
+
+    def add(self, key, context, max_new, n=1, stream=None):
+        self.rows += [(key, j) for j in range(n)]
+
+    def step(self):  # one piece a step: a "paused" piece stays in the batch until `pause`
+        text, finish = self.pieces.pop(0)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + ([self.tok.eos_token_id] if finish == "eos" else [])
+        out = [(k, j, Sample(ids, [-0.25] * len(ids), finish)) for k, j in self.rows]
+        if finish == "paused":
+            self.held = out
+            return []
+        self.rows = []
+        return out
+
+    def pause(self):
+        out, self.held, self.rows = self.held, [], []
+        return out
+
+
+def test_a_stop_string_split_by_a_pause_ends_the_turn_where_an_unpaused_row_would():
+    from tinyrl.rollout.base import StopStrings
+    from tinyrl.rollout.episodes import EpisodeRunner, PlainTurns
+
+    tok = AutoTokenizer.from_pretrained(ASSETS / "tiny-arith")
+    rules = PlainTurns(tok)
+    runner = EpisodeRunner(rules, 16, stops=StopStrings(tok, ["+="]))
+    t = rules.start(tok("L;", add_special_tokens=False)["input_ids"], {})
+    session = SeamSession(tok, [("1+", "paused"), ("=5", "eos")])
+    assert runner.run(session, [[t]], until=lambda: True)  # paused after "1+"
+    assert not t.done and tok.decode(t.ids) == "1+"
+    assert not runner.run(session, [[t]])  # continued under the next adapter
+    assert tok.decode(t.ids) == "1+=" and len(t.logprobs) == len(t.versions) == 3 and t.done

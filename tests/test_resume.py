@@ -33,6 +33,28 @@ def cli(args, **kw):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
 
 
+def cli_args(o: dict) -> list[str]:
+    return [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}" for k, v in o.items()]
+
+
+def kill_9_after_first_checkpoint(o: dict) -> tuple[RunDir, int]:
+    """Start `tinyrl train` with overrides `o`, SIGKILL it just after its first checkpoint (inside a later
+    step, most likely), resume it to the end; returns the run and the step the resume started from."""
+    proc = cli(cli_args(o))
+    run = RunDir(Path(o["log.run_dir"]) / o["log.name"])
+    deadline = time.time() + 240
+    while time.time() < deadline and run.latest_checkpoint() is None and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = int(run.latest_checkpoint().name.rsplit("-", 1)[-1])
+    resumed = cli(["--resume", str(run.path)])
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    return run, saved
+
+
 def adapter(run_path):
     return load_file(str(Path(run_path) / "adapter" / "adapter_model.safetensors"))
 
@@ -41,9 +63,7 @@ def adapter(run_path):
 def test_kill_9_then_resume_equals_uninterrupted_run(tiny_model_dir, run_root):
     ref = train(**overrides(tiny_model_dir, run_root, "reference"))
     kill_after = random.randint(1, STEPS - 2)  # a random step
-    args = [f"{k}={v}" if not isinstance(v, list) else f"{k}={json.dumps(v)}"
-            for k, v in overrides(tiny_model_dir, run_root, "killed").items()]
-    proc = cli(args)
+    proc = cli(cli_args(overrides(tiny_model_dir, run_root, "killed")))
     run = RunDir(Path(run_root) / "killed")
 
     def saved_steps() -> int:  # the step's metrics row is written before its checkpoint: wait for the checkpoint

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from tinyrl.collect import Shaper, SyncCollector, add_counts, count_stats, staleness_stats
 from tinyrl.errors import ConfigError
 from tinyrl.overlap import OverlapCollector, detached_engine, shared_base_copy
-from tinyrl.rollout.base import Rollouts, SamplingParams
+from tinyrl.rollout.base import Rollouts, SamplingParams, StopStrings
 from tinyrl.rollout.episodes import EpisodeRunner, PlainTurns, Trajectory
 from tinyrl.rollout.session import session_of
 
@@ -86,7 +86,8 @@ class PartialCollector:
         self.rules = engine if agent else PlainTurns(engine.tokenizer)
         self.sampler = engine.inner if agent else engine
         self.params = engine.turn_params(sampling) if agent else sampling
-        self.runner = EpisodeRunner(self.rules, sampling.max_new_tokens, getattr(cfg.agent, "tool_workers", 8))
+        self.runner = EpisodeRunner(self.rules, sampling.max_new_tokens, getattr(cfg.agent, "tool_workers", 8),
+                                    StopStrings(engine.tokenizer, self.params.stop))
         self.pool: list[Group] = []
         self.requeue: list[int] = []  # prompt-stream positions to start again first (a resumed run's in-flight groups)
 
@@ -99,7 +100,7 @@ class PartialCollector:
         parts: list[Rollouts] = []
         counts: dict[str, float] = {}
         n_kept = dropped_dynamic = rounds = 0
-        dropped_stale = self._drop_stale(vt - k)
+        dropped_stale = self._drop_stale(vt - k)  # decoding below adds only version-v tokens (v >= vt - k)
         while True:
             need = B - n_kept
             self._top_up()
@@ -108,7 +109,6 @@ class PartialCollector:
                     live = [g for g in self.pool if not g.done]
                     self.runner.run(session, [g.members for g in live], [g.stream for g in live], version=v,
                                     until=lambda n=need: sum(g.done for g in self.pool) >= n)
-            dropped_stale += self._drop_stale(vt - k)  # (a group admitted this step holds only version v)
             ready = [g for g in self.pool if g.done][:need]
             self.pool = [g for g in self.pool if g not in ready]
             if ready:

@@ -34,11 +34,13 @@ def contexts(tok):
     return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
 
 
-def run(s, plan: dict[int, list[tuple]]) -> dict:
-    """Step `s` until it is empty and nothing is left to add; plan[step] = the `add` arguments to queue
-    before that step. Returns {(key, j): Sample}."""
+def run(s, plan: dict[int, list[tuple]], live_at: dict | None = None) -> dict:
+    """Step `s` until it is empty and nothing is left to add; plan[step] = `add` arguments queued before
+    that step (`live_at[step]`: the rows live then). Returns {(key, j): Sample}."""
     out, step = {}, 0
     while len(s) or any(k >= step for k in plan):
+        if step in plan and live_at is not None:
+            live_at[step] = len(s)
         for args in plan.get(step, []):
             s.add(*args)
         for key, j, smp in s.step():

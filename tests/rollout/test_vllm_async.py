@@ -13,40 +13,17 @@ pytest.importorskip("vllm")
 
 from tests.rollout.test_vllm_engine import (  # noqa: E402, F401, F811  (fixtures)
     PROMPTS,
+    equals_agent,
     perturb_adapter,
     trainer,
     trainer_logprobs,
     vllm,
     vllm_model_dir,
 )
-from tinyrl.agents.tools import ToolCall, ToolResult  # noqa: E402
 from tinyrl.collect import Shaper  # noqa: E402
 from tinyrl.config import with_fields  # noqa: E402
 from tinyrl.inflight import PartialCollector  # noqa: E402
-from tinyrl.rollout.agent import AgentEngine  # noqa: E402
 from tinyrl.rollout.base import SamplingParams  # noqa: E402
-
-
-class EqualsFormat:
-    """"=" ends a tool call (the random model writes it often); a newline ends the episode."""
-
-    stop, final = ["="], ["\n"]
-
-    def parse(self, text):
-        return [ToolCall("lookup", {}, "=")]
-
-    def observation(self, results, tokenizer=None):
-        return "".join(r.text for r in results)
-
-
-class Env:
-    def step(self, calls):
-        return [ToolResult("77") for _ in calls]
-
-
-def agent(trainer, streaming):  # noqa: F811
-    cfg = SimpleNamespace(max_turns=3, max_obs_tokens=4, mask_observations=True, streaming=streaming)
-    return AgentEngine(trainer.engine, trainer.tokenizer, EqualsFormat(), lambda row: Env(), cfg)
 
 
 def test_streaming_episodes_on_vllm_equal_turn_synchronous_ones_under_greedy(trainer):  # noqa: F811
@@ -54,8 +31,8 @@ def test_streaming_episodes_on_vllm_equal_turn_synchronous_ones_under_greedy(tra
     params = SamplingParams(max_new_tokens=24)
     perturb_adapter(trainer.model, scale=1.0, seed=0)  # an adapter under which most of these call the tool greedily
     trainer.engine.sync(trainer.model)
-    sync = agent(trainer, False).generate(prompts, n=1, params=params, columns=[{} for _ in prompts], greedy=True)
-    stream = agent(trainer, True).generate(prompts, n=1, params=params, columns=[{} for _ in prompts], greedy=True)
+    sync = equals_agent(trainer, False).generate(prompts, n=1, params=params, columns=[{} for _ in prompts], greedy=True)
+    stream = equals_agent(trainer, True).generate(prompts, n=1, params=params, columns=[{} for _ in prompts], greedy=True)
     assert sum(t["tool_calls"] > 1 for t in sync.trajectories) >= 2, "too few multi-turn episodes to compare"
     assert torch.equal(sync.completion_ids, stream.completion_ids)
     assert torch.equal(sync.observation_mask, stream.observation_mask)

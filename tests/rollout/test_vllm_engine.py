@@ -26,6 +26,37 @@ def reward_by_length(prompts, completions, **kw):
     return [float(len(c)) for c in completions]
 
 
+class EqualsFormat:
+    """"=" ends a tool call (the random model writes it often); a newline ends the episode."""
+
+    stop, final = ["="], ["\n"]
+
+    def parse(self, text):
+        from tinyrl.agents.tools import ToolCall
+
+        return [ToolCall("lookup", {}, "=")]
+
+    def observation(self, results, tokenizer=None):
+        return "".join(r.text for r in results)
+
+
+class Env:
+    def step(self, calls):
+        from tinyrl.agents.tools import ToolResult
+
+        return [ToolResult("77") for _ in calls]
+
+
+def equals_agent(trainer, streaming=False):
+    """A tool agent over the trainer's engine whose every tool call is answered "77" (masked)."""
+    from types import SimpleNamespace
+
+    from tinyrl.rollout.agent import AgentEngine
+
+    cfg = SimpleNamespace(max_turns=3, max_obs_tokens=4, mask_observations=True, streaming=streaming)
+    return AgentEngine(trainer.engine, trainer.tokenizer, EqualsFormat(), lambda row: Env(), cfg)
+
+
 # ------------------------------------------------------------------ no vllm needed
 
 
@@ -239,26 +270,7 @@ def test_multi_turn_episodes_on_vllm_keep_the_sampled_ids_and_match_the_trainer(
     """AgentEngine over the vLLM engine: "=" ends a tool call (the random model writes it often), the
     observation "77" is spliced in as tokens and masked; every sampled token's vLLM logprob equals
     the trainer's score of the whole multi-turn sequence."""
-    from types import SimpleNamespace
-
-    from tinyrl.agents.tools import ToolCall, ToolResult
-    from tinyrl.rollout.agent import AgentEngine
-
-    class EqualsFormat:
-        stop, final = ["="], ["\n"]
-
-        def parse(self, text):
-            return [ToolCall("lookup", {}, "=")]
-
-        def observation(self, results, tokenizer=None):
-            return "".join(r.text for r in results)
-
-    class Env:
-        def step(self, calls):
-            return [ToolResult("77") for _ in calls]
-
-    cfg = SimpleNamespace(max_turns=3, max_obs_tokens=4, mask_observations=True)
-    agent = AgentEngine(trainer.engine, trainer.tokenizer, EqualsFormat(), lambda row: Env(), cfg)
+    agent = equals_agent(trainer)
     r = agent.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=24), columns=[{} for _ in PROMPTS])
     obs, act = r.observation_mask.bool(), r.action_mask.bool()
     assert obs.any() and sum(t["tool_calls"] for t in r.trajectories) > 0

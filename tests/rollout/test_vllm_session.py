@@ -8,26 +8,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.rollout.test_decode_session import run  # noqa: E402
 from tests.rollout.test_vllm_engine import PROMPTS, trainer, vllm, vllm_model_dir  # noqa: E402, F401, F811  (fixtures)
 from tinyrl.rollout.base import SamplingParams  # noqa: E402
 
 EXTRA = ["5+5=", "12+7=", "3", "88+11="]
-
-
-def run(s, plan: dict[int, list[tuple]], live_at: dict | None = None) -> dict:
-    """Step `s` until it is empty and nothing is left to add; plan[step] = `add` arguments queued before
-    that step (`live_at[step]`: the rows live then). Returns {(key, j): Sample}."""
-    out, step = {}, 0
-    while len(s) or any(k >= step for k in plan):
-        if step in plan and live_at is not None:
-            live_at[step] = len(s)
-        for args in plan.get(step, []):
-            s.add(*args)
-        for key, j, smp in s.step():
-            assert (key, j) not in out
-            out[key, j] = smp
-        step += 1
-    return out
 
 
 def ids(tr, texts):

@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from tinyrl.rollout.base import Rollouts, pack_rollouts
+from tinyrl.rollout.base import Rollouts, Sample, StopStrings, pack_rollouts
 
 
 @dataclass
@@ -98,8 +98,9 @@ class PlainTurns:
 class EpisodeRunner:
     """Runs trajectories through a decode session until they are done, or until `until()` says stop."""
 
-    def __init__(self, rules: TurnRules, budget: int, workers: int = 8):
+    def __init__(self, rules: TurnRules, budget: int, workers: int = 8, stops: StopStrings | None = None):
         self.rules, self.budget, self.workers = rules, budget, workers
+        self.stops = stops  # the turn's stop strings: one split by a pause is found at the seam
 
     def run(self, session, groups: list[list[Trajectory]], streams: list[int | None] | None = None,
             version: int = 0, until: Callable[[], bool] | None = None) -> bool:
@@ -143,12 +144,26 @@ class EpisodeRunner:
 
     def _turn_piece(self, t: Trajectory, i: int, sample, version: int, pool, pending) -> None:
         """A row of the session ended: its tokens join t; a paused row's turn goes on later."""
+        if len(t.ids) > t.turn_start and self.stops:  # a paused turn went on: its stop string may span the pause
+            sample = self._stop_at_seam(t.ids[t.turn_start:], sample)
         t.add(sample.token_ids, sample.logprobs, observation=False, version=version)
         if sample.finish == "paused":
             return
         job = self.rules.end_turn(t, sample.finish, self.budget)
         if job is not None:
             pending[pool.submit(self.rules.run_tool, t, job)] = (i, job)
+
+    def _stop_at_seam(self, before: list[int], sample: Sample) -> Sample:
+        """The engine looks for stop strings in a row's new text only; a stop string begun before the pause
+        and completed after it ends within `window` tokens of the seam: cut the sample there (as an
+        unpaused row would have stopped)."""
+        ids = sample.token_ids
+        n = min(len(ids), self.stops.window)
+        hits = self.stops.hit([before + ids[: i + 1] for i in range(n)])
+        if True not in hits:
+            return sample
+        cut = hits.index(True) + 1
+        return Sample(ids[:cut], sample.logprobs[:cut], "stop")
 
     def _collect_tools(self, session, flat: list[Trajectory], pending: dict, join: bool) -> None:
         """Observations of the tool calls that returned; their trajectories rejoin the decode batch."""
