@@ -4,6 +4,8 @@ a hand-made schedule, whole groups only, the real engine in a training run, and 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,14 +61,15 @@ class ScriptedSession:
 
 
 class ScriptedEngine:
-    def __init__(self, tok):
-        self.tokenizer, self.log = tok, []
+    def __init__(self, tok, session_cls=ScriptedSession):
+        self.tokenizer, self.log, self.session_cls = tok, [], session_cls
 
     def session(self, params, greedy=False):
-        return contextlib.nullcontext(ScriptedSession(self.tokenizer, self.log))
+        return contextlib.nullcontext(self.session_cls(self.tokenizer, self.log))
 
 
-def scripted_collector(lengths, B=2, pool=3, k=1, G=2):
+def scripted_collector(lengths, B=2, pool=3, k=1, G=2, reward="tests.test_training:reward_by_length",
+                       combine="sum", session_cls=ScriptedSession):
     tok = AutoTokenizer.from_pretrained(ASSETS / "tiny-arith")
     cfg = RunConfig()
     cfg.train.prompts_per_step, cfg.rollout.num_generations = B, G
@@ -75,8 +78,8 @@ def scripted_collector(lengths, B=2, pool=3, k=1, G=2):
     prompts = PromptSource(rows, seed=0)
     prompts._order = lambda epoch: list(range(len(rows)))  # the schedule's order, not a shuffle
     sampling = SamplingParams(max_new_tokens=64)
-    shaper = Shaper(cfg, RewardSet([RewardSpec("tests.test_training:reward_by_length")], isolate=False), sampling)
-    engine = ScriptedEngine(tok)
+    shaper = Shaper(cfg, RewardSet([RewardSpec(reward)], combine=combine, isolate=False), sampling)
+    engine = ScriptedEngine(tok, session_cls)
     return PartialCollector(cfg, engine, prompts, shaper, sampling, Dist()), engine
 
 
@@ -210,3 +213,49 @@ def test_a_stop_string_split_by_a_pause_ends_the_turn_where_an_unpaused_row_woul
     assert not t.done and tok.decode(t.ids) == "1+"
     assert not runner.run(session, [[t]])  # continued under the next adapter
     assert tok.decode(t.ids) == "1+=" and len(t.logprobs) == len(t.versions) == 3 and t.done
+
+
+SCORED = threading.Event()
+
+
+def length_reward_that_signals(prompts, completions, **kw):
+    SCORED.set()
+    return [float(len(c)) for c in completions]
+
+
+def scored():
+    """The event of the module copy the reward is resolved from ("tests.test_partial_rollouts"; pytest
+    may have imported this file under another name)."""
+    return importlib.import_module("tests.test_partial_rollouts").SCORED
+
+
+class WaitingSession(ScriptedSession):
+    """At its 5th decode step (the long group still decoding) it waits up to 10 s for a reward call and
+    logs whether one came: it can only come from a worker scoring the group that finished at step 2."""
+
+    steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 5:
+            self.log.append(("scored while decoding", scored().wait(10)))
+        return super().step()
+
+
+def test_rewards_of_a_finished_group_run_while_the_pool_decodes_on():
+    scored().clear()
+    col, engine = scripted_collector([2, 9], B=2, pool=2, reward="tests.test_partial_rollouts:length_reward_that_signals",
+                                     session_cls=WaitingSession)
+    batch, stats = col.collect(SimpleNamespace(step=0))
+    assert ("scored while decoding", True) in engine.log
+    assert [r["i"] for r in batch.columns] == [0, 0, 1, 1]  # in the order the groups were pooled
+    assert batch.rewards.tolist() == [float(len(c)) for c in batch.completions] and batch.group.tolist() == [0, 0, 1, 1]
+    assert batch.completion_lengths.tolist() == [2, 2, 9, 9]
+
+
+def test_a_normalising_reward_combine_scores_the_whole_batch_at_once():
+    col, _ = scripted_collector([2, 9], B=2, pool=2, combine="normalize_then_sum")
+    batch, _ = col.collect(SimpleNamespace(step=0))
+    assert col.scorer is None
+    r = batch.rewards  # normalised over the batch: each group's 2 equal lengths would give 0 alone
+    assert float(r.mean()) == pytest.approx(0.0, abs=1e-5) and r[0] < 0 < r[2]

@@ -201,6 +201,34 @@ def test_where_a_reward_runs():
         assert rs.score(["p"] * 2, ["a", "b"], [{}] * 2)[1]["where"].tolist() == [os.getpid(), on_main]
 
 
+
+def test_start_forks_the_rewards_process_before_a_worker_thread_calls_it():
+    """`start()` forks on the calling thread (partial rollouts score from a worker: a fork from there would
+    copy locks other threads hold); a call from the worker then uses that process; a dead one is replaced."""
+    import os
+    import signal
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    def where(prompts, completions, **kw):
+        return [float(os.getpid())] * len(completions)
+
+    rs = RewardSet([], timeout=5.0)
+    rs.components = [("where", where, 1.0)]
+    rs.start()
+    pid = rs._process.pid
+    rs.start()
+    assert pid is not None and rs._process.pid == pid  # one process, not one per start
+    with ThreadPoolExecutor(1) as pool:
+        got = pool.submit(lambda: rs.score(["p"], ["a"], [{}])[1]["where"].tolist()).result()
+    assert got == [float(pid)]
+    os.kill(pid, signal.SIGKILL)
+    while not rs._process._ended():  # (the kill lands asynchronously)
+        time.sleep(0.01)
+    rs.start()
+    assert rs._process.pid not in (None, pid)
+    rs.close()
+
 def exits_hard(prompts, completions, **kw):
     import os
 

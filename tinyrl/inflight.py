@@ -7,7 +7,9 @@ groups live in a pool that outlives the step (`rollout.inflight_groups`, default
     1. top the pool up with new prompts (whole groups of G samples);
     2. decode the pool (tinyrl.rollout.episodes) until B groups have completed; pause the rest;
     3. train on B completed groups, the oldest first (rewarded, shaped, filtered as a synchronous
-       batch is: tinyrl.collect.Shaper);
+       batch is: tinyrl.collect.Shaper). A group's rewards are computed on a worker thread as soon as
+       its last member finishes, while the pool decodes on (with `reward.combine: sum`, the default;
+       the normalising combines need the whole batch, which is then scored at once);
     4. the paused groups continue at the next step, under the next adapter, from their tokens so far.
 
 A group is never split across steps. Each sampled token records the policy version (optimiser steps
@@ -25,6 +27,7 @@ group the resumed run trains on within the staleness bound.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tinyrl.collect import Shaper, SyncCollector, add_counts, count_stats, staleness_stats
@@ -63,6 +66,7 @@ def make_collector(cfg, engine, prompts, shaper: Shaper, sampling: SamplingParam
 class Group:
     stream: int  # its prompt's position in the run's prompt stream
     members: list[Trajectory]
+    scored: Future | None = None  # (its packed batch, reward counts), computing on the reward worker
 
     @property
     def done(self) -> bool:
@@ -86,8 +90,15 @@ class PartialCollector:
         self.rules = engine if agent else PlainTurns(engine.tokenizer)
         self.sampler = engine.inner if agent else engine
         self.params = engine.turn_params(sampling) if agent else sampling
+        # a group scores alone (as soon as it completes) when the total is a plain sum of its rows' rewards
+        self.scorer = ThreadPoolExecutor(1, thread_name_prefix="tinyrl-reward") \
+            if shaper.rewards.combine == "sum" else None
+        if self.scorer is not None:
+            shaper.rewards.start()  # fork the rewards' process here, before any worker thread exists
         self.runner = EpisodeRunner(self.rules, sampling.max_new_tokens, getattr(cfg.agent, "tool_workers", 8),
-                                    StopStrings(engine.tokenizer, self.params.stop))
+                                    StopStrings(engine.tokenizer, self.params.stop),
+                                    on_done=self._finished if self.scorer is not None else None)
+        self.owner: dict[int, Group] = {}  # id(trajectory) -> its group, for the groups decoding now
         self.pool: list[Group] = []
         self.requeue: list[int] = []  # prompt-stream positions to start again first (a resumed run's in-flight groups)
 
@@ -107,13 +118,13 @@ class PartialCollector:
             if sum(g.done for g in self.pool) < need:
                 with session_of(self.sampler, self.params) as session:
                     live = [g for g in self.pool if not g.done]
+                    self.owner = {id(t): g for g in live for t in g.members}
                     self.runner.run(session, [g.members for g in live], [g.stream for g in live], version=v,
                                     until=lambda n=need: sum(g.done for g in self.pool) >= n)
             ready = [g for g in self.pool if g.done][:need]
             self.pool = [g for g in self.pool if g not in ready]
             if ready:
-                batch = self._pack(ready)
-                add_counts(counts, self.shaper.reward(batch))
+                batch = self._rewarded(ready, counts)
                 self.shaper.shape(batch)
                 if cfg.algo.dynamic_sampling:
                     batch, n = self.shaper.keep_informative(batch)
@@ -141,6 +152,27 @@ class PartialCollector:
                 row = rows[0]
             ids = self.engine.tokenizer([row["rendered"]], add_special_tokens=False)["input_ids"][0]
             self.pool.append(Group(pos, [self.rules.start(ids, row) for _ in range(G)]))
+
+    def _finished(self, t: Trajectory) -> None:
+        """A trajectory finished (on the decoding thread): a group whose last member it was goes to be scored."""
+        g = self.owner.get(id(t))
+        if g is not None and g.scored is None and g.done:
+            g.scored = self._score(g)
+
+    def _score(self, g: Group) -> Future:
+        batch = self._pack([g])  # on this thread: the tokenizer stays on one thread
+        return self.scorer.submit(lambda: (batch, self.shaper.reward(batch)))
+
+    def _rewarded(self, groups: list[Group], counts: dict) -> Rollouts:
+        """The groups as one batch with its rewards (each group's, scored as it completed; or all at once)."""
+        if self.scorer is None:
+            batch = self._pack(groups)
+            add_counts(counts, self.shaper.reward(batch))
+            return batch
+        parts = [(g.scored if g.scored is not None else self._score(g)).result() for g in groups]
+        for _, c in parts:
+            add_counts(counts, c)
+        return Rollouts.concat([b for b, _ in parts])
 
     def _drop_stale(self, oldest_allowed: int) -> int:
         """Drop the groups holding a token sampled before policy version `oldest_allowed`."""

@@ -313,6 +313,12 @@ class RewardSet:
             self._process = RewardProcess(fns, reply)
         return self._process
 
+    def start(self) -> None:
+        """Fork the rewards' process now, on this thread (see `RewardProcess.start`); a no-op in-process."""
+        process = self._reward_process()
+        if process is not None:
+            process.start()
+
     def close(self) -> None:
         """End the rewards' process (it also ends with this object, and with the trainer's process)."""
         if self._process is not None:

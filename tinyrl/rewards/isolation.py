@@ -141,6 +141,14 @@ class RewardProcess:
         except (EOFError, OSError):
             return "error", f"the reward's process ended inside the call: {self._end()}"
 
+    def start(self) -> None:
+        """Fork the child now, if it is not running (a caller about to call from a worker thread forks on
+        its own thread first: a fork copies only the forking thread, and locks other threads held)."""
+        if self.pid is not None and self._ended():
+            self._forget()
+        if self.pid is None:
+            self._start()
+
     def _ended(self) -> bool:
         try:
             return bool(os.waitpid(self.pid, os.WNOHANG)[0])

@@ -98,9 +98,11 @@ class PlainTurns:
 class EpisodeRunner:
     """Runs trajectories through a decode session until they are done, or until `until()` says stop."""
 
-    def __init__(self, rules: TurnRules, budget: int, workers: int = 8, stops: StopStrings | None = None):
+    def __init__(self, rules: TurnRules, budget: int, workers: int = 8, stops: StopStrings | None = None,
+                 on_done: Callable[[Trajectory], None] | None = None):
         self.rules, self.budget, self.workers = rules, budget, workers
         self.stops = stops  # the turn's stop strings: one split by a pause is found at the seam
+        self.on_done = on_done  # called on this thread as each trajectory finishes (decoding goes on)
 
     def run(self, session, groups: list[list[Trajectory]], streams: list[int | None] | None = None,
             version: int = 0, until: Callable[[], bool] | None = None) -> bool:
@@ -152,6 +154,8 @@ class EpisodeRunner:
         job = self.rules.end_turn(t, sample.finish, self.budget)
         if job is not None:
             pending[pool.submit(self.rules.run_tool, t, job)] = (i, job)
+        elif t.done and self.on_done is not None:
+            self.on_done(t)
 
     def _stop_at_seam(self, before: list[int], sample: Sample) -> Sample:
         """The engine looks for stop strings in a row's new text only; a stop string begun before the pause
@@ -172,5 +176,7 @@ class EpisodeRunner:
             t = flat[i]
             self.rules.observe(t, job, f.result(), self.budget)
             t.turn_start = len(t.ids)
-            if join and not t.done:
+            if t.done and self.on_done is not None:
+                self.on_done(t)
+            elif join and not t.done:
                 self._join(session, i, t)
