@@ -116,9 +116,14 @@ def test_stop_string_check_reads_only_the_newest_tokens(policy):
     assert not StopStrings(tok, [])
 
 
-def test_top_p_keeps_the_nucleus_only():
-    from tinyrl.rollout.hf import _draw
+def _draw(logp, top_p, gen):
+    """The engine's draw with every row owned by one generator (a `sample` call without a stream)."""
+    from tinyrl.rollout.hf import _draw_per_context
 
+    return _draw_per_context(logp, top_p, [gen], torch.zeros(logp.shape[0], dtype=torch.long))
+
+
+def test_top_p_keeps_the_nucleus_only():
     logp = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(0)
     draws = {int(_draw(logp, 0.7, g)) for _ in range(300)}
@@ -129,8 +134,6 @@ def test_top_p_keeps_the_nucleus_only():
 def test_draws_follow_the_distribution_and_never_pick_a_token_without_mass(top_p):
     """The inverse-CDF draw: token frequencies over 40,000 rows match the (nucleus-renormalised)
     probabilities to 4.5 standard errors, and tokens of probability 0 never come."""
-    from tinyrl.rollout.hf import _draw
-
     p = torch.tensor([0.0, 0.42, 0.0, 0.3, 0.2, 0.0, 0.08])
     logp = torch.log(p).expand(40_000, -1)
     counts = torch.bincount(_draw(logp, top_p, torch.Generator().manual_seed(3)), minlength=p.numel()).float()

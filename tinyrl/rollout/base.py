@@ -123,9 +123,9 @@ class Rollouts:
             elif isinstance(vals[0], dict):
                 out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in vals[0]}
             elif f.name.startswith("prompt"):
-                out[f.name] = torch.cat([_pad(v, P, left=True) for v in vals])
+                out[f.name] = torch.cat([pad_to(v, P, left=True) for v in vals])
             elif vals[0].dim() == 2:
-                out[f.name] = torch.cat([_pad(v, T, left=False) for v in vals])
+                out[f.name] = torch.cat([pad_to(v, T, left=False) for v in vals])
             else:
                 out[f.name] = torch.cat(vals)
         return Rollouts(**out)
@@ -212,12 +212,15 @@ class StopStrings:
         return [any(s in x for s in self.stop) for x in texts]
 
 
-def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
-    extra = width - t.shape[1]
+def pad_to(t: torch.Tensor, width: int, left: bool, dim: int = 1) -> torch.Tensor:
+    """`t` with zeros added along `dim` (before it when `left`) up to `width`."""
+    extra = width - t.shape[dim]
     if extra == 0:
         return t
-    pad = t.new_zeros(t.shape[0], extra)
-    return torch.cat([pad, t] if left else [t, pad], dim=1)
+    shape = list(t.shape)
+    shape[dim] = extra
+    pad = t.new_zeros(shape)
+    return torch.cat([pad, t] if left else [t, pad], dim=dim)
 
 
 class RolloutEngine(Protocol):

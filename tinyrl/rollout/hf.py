@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from tinyrl.model.forward import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prompt_cache, trunk_of
-from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, stream_seed
+from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, pad_to, stream_seed
 from tinyrl.rollout.decode_step import DecodeStep
 
 
@@ -241,20 +241,10 @@ class HFSession:
             return
         width = max(self.attn.shape[1], attn.shape[1])
         join_caches(self.cache, cache, len(self.rows), len(rows))
-        self.attn = torch.cat([_left_pad(self.attn, width), _left_pad(attn, width)])
+        self.attn = torch.cat([pad_to(self.attn, width, left=True), pad_to(attn, width, left=True)])
         self.rows = self.rows + rows
         self.cur, self.pos = torch.cat([self.cur, cur]), torch.cat([self.pos, pos])
         self.left, self.owner = torch.cat([self.left, left]), torch.cat([self.owner, owner])
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int = 1) -> torch.Tensor:
-    """`t` with zeros prepended along `dim` up to `width`."""
-    extra = width - t.shape[dim]
-    if extra == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([t.new_zeros(shape), t], dim)
 
 
 def join_caches(live, new, live_rows: int, new_rows: int) -> None:
@@ -273,7 +263,8 @@ def join_caches(live, new, live_rows: int, new_rows: int) -> None:
             mine = getattr(layer, name)
             theirs = getattr(other, name) if other is not None else mine.new_zeros(new_rows, *mine.shape[1:-2], 0,
                                                                                    mine.shape[-1])
-            parts.append(torch.cat([_left_pad(mine, length, -2), _left_pad(theirs, length, -2)]))
+            parts.append(torch.cat([pad_to(mine, length, left=True, dim=-2),
+                                    pad_to(theirs, length, left=True, dim=-2)]))
         if hasattr(layer, "replace"):
             layer.replace(*parts)
         else:  # transformers' plain DynamicLayer
@@ -321,11 +312,6 @@ def _draw_per_context(logp: torch.Tensor, top_p: float, gens: list[torch.Generat
     ctx, count = torch.unique_consecutive(owner, return_counts=True)
     u = torch.cat([torch.rand(k, generator=gens[c], device=logp.device) for c, k in zip(ctx.tolist(), count.tolist())])
     return _invert_cdf(logp, top_p, u)
-
-
-def _draw(logp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
-    """One token per row from exp(logp), nucleus-filtered when top_p < 1."""
-    return _invert_cdf(logp, top_p, torch.rand(logp.shape[0], generator=gen, device=logp.device))
 
 
 def _invert_cdf(logp: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
