@@ -163,7 +163,6 @@ class AgentEngine:
             results = list(pool.map(lambda c: self.run_tool(*c), calling))
         for (t, job), res in zip(calling, results):
             self.observe(t, job, res, budget)
-            t.turn_start = len(t.ids)
 
     # ------------------------------------------------------------------ TurnRules (tinyrl.rollout.episodes)
 
@@ -192,6 +191,7 @@ class AgentEngine:
     def observe(self, t: Trajectory, job, result, budget: int) -> None:
         calls, res = result
         self._observe(t, job[0], calls, res, budget)
+        t.turn_start = len(t.ids)  # the next model turn starts after the observation
 
     def _call_tools(self, t: Trajectory, text: str):
         calls = self.fmt.parse(text)

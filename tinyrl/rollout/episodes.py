@@ -67,7 +67,8 @@ class TurnRules(Protocol):
         """On a worker thread: the job's result."""
 
     def observe(self, t: Trajectory, job, result, budget: int) -> None:
-        """Append the result's observation to t (may end t: the budget)."""
+        """Append the result's observation to t; the next model turn starts after it (`t.turn_start`).
+        May end t (the budget)."""
 
     def pack(self, trajs: list[Trajectory], group: list[int], prompts: list[str]) -> Rollouts: ...
 
@@ -175,7 +176,6 @@ class EpisodeRunner:
             i, job = pending.pop(f)
             t = flat[i]
             self.rules.observe(t, job, f.result(), self.budget)
-            t.turn_start = len(t.ids)
             if t.done and self.on_done is not None:
                 self.on_done(t)
             elif join and not t.done:
