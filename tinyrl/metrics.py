@@ -96,10 +96,10 @@ def _policy_token_stats(batch, first, version: int) -> dict:
     diff = (batch.sampling_logprobs[m] - first.logprobs[m]).abs()
     weights = offpolicy_stats(first.logprobs, batch.sampling_logprobs, m, first.offpolicy_cap) \
         if first.offpolicy_cap is not None else {}
-    fresh = {}
-    if batch.versions is not None and (m & (batch.versions == version)).any():  # partial rollouts: the canary
-        f = m & (batch.versions == version)  # on the tokens the current adapter sampled (the stale-weights rule)
-        fresh = {"rollout_trainer_k3_fresh": float(kl_penalty(batch.sampling_logprobs[f], first.logprobs[f]).mean())}
+    # partial rollouts: the canary on the tokens the current adapter sampled (the stale-weights rule)
+    f = None if batch.versions is None else m & (batch.versions == version)
+    fresh = {"rollout_trainer_k3_fresh": float(kl_penalty(batch.sampling_logprobs[f], first.logprobs[f]).mean())} \
+        if f is not None and f.any() else {}
     return {"entropy": float(ent.mean()), "entropy_p10": float(torch.quantile(ent, 0.1)),
             "entropy_p90": float(torch.quantile(ent, 0.9)),
             "rollout_trainer_k3": float(d.mean()), "rollout_trainer_maxdiff": float(diff.max()), **weights, **fresh}
