@@ -75,7 +75,7 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)
     gpu_memory_utilization: float = 0.4  # vLLM only
     max_model_len: int = 1024  # vLLM only
-    # Partial rollouts (tinyrl.rollout.partial): 0 = synchronous, every step waits for its longest group.
+    # Partial rollouts (tinyrl.inflight): 0 = synchronous, every step waits for its longest group.
     # k >= 1: a step trains on the groups that completed; the rest continue into the next step under the
     # new adapter; a group holding a token sampled more than k policy versions ago is dropped (counted).
     max_staleness: int = 0

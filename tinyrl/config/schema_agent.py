@@ -29,7 +29,7 @@ class AgentConfig:
     # streaming: a trajectory whose tool returned joins the running decode batch at the next decode step
     # (tinyrl.rollout.episodes); off: turn-synchronous, every turn waits for every tool call of the turn
     streaming: bool = False
-    tool_workers: int = 8  # tool calls (and, streaming, reward functions) running at once
+    tool_workers: int = 8  # tool calls running at once (turn-synchronous and streaming)
 
     def validate(self, p: str) -> None:
         check(len(set(self.tools)) == len(self.tools), f"{p}.tools", f"names a tool twice: {self.tools}")
