@@ -258,7 +258,7 @@ def grpo_case(name: str, model: str, overrides: dict, ctx) -> dict:
             return out
         return wrapped
 
-    trainer.collector.generate = timed("rollout_s", trainer.collector.generate)  # (tinyrl.collect.SyncCollector)
+    trainer.source.generate = timed("rollout_s", trainer.source.generate)  # (tinyrl.sources.SyncSource)
     update = T.policy_update
     T.policy_update = timed("update_s", update)
     if cuda:

@@ -130,3 +130,41 @@ def test_importing_the_config_loads_no_model_rollout_retriever_or_method_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def loaded_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code`."""
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_the_config_and_the_cli_load_no_torch_and_no_agents():
+    for code in ("import tinyrl.config", "import tinyrl.cli",
+                 "import sys; from tinyrl.cli import main; sys.argv = ['tinyrl', 'presets']\n"
+                 "import contextlib, io\nwith contextlib.redirect_stdout(io.StringIO()): main()"):
+        mods = loaded_after(code)
+        assert "torch" not in mods and not any(m == "tinyrl.agents" or m.startswith("tinyrl.agents.") for m in mods), code
+
+
+def test_the_name_tables_are_the_registries_keys():
+    """The config checks names against tinyrl.names (no torch); the algorithm's tables must have the same keys."""
+    from tinyrl import names
+    from tinyrl.agents.formats import SearchR1Format
+    from tinyrl.algo.advantages import ESTIMATORS
+    from tinyrl.algo.losses import AGGREGATIONS
+
+    assert tuple(ESTIMATORS) == names.ESTIMATORS and tuple(AGGREGATIONS) == names.AGGREGATIONS
+    assert names.TOKEN_REWARD_ESTIMATORS <= set(names.ESTIMATORS)
+    assert names.FORMATS["search_r1"] is SearchR1Format and callable(names.TOOLS["search"])
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """`pip install .` (the README's first command) installs only the packages pyproject.toml lists."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
+             if "assets" not in p.parts}
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -214,8 +214,24 @@ class ProtocolOnly:
     def __init__(self, inner):
         self._inner = inner
 
+    @property
+    def tokenizer(self):
+        return self._inner.tokenizer
+
     def generate(self, prompts, n, params, columns=None, greedy=False):
         return self._inner.generate(prompts, n, params, columns, greedy=greedy)
+
+    def sample(self, contexts, params, n=1, greedy=False, max_new=None):
+        return self._inner.sample(contexts, params, n=n, greedy=greedy, max_new=max_new)
+
+    def session(self, params, greedy=False):
+        return self._inner.session(params, greedy)
+
+    def episodes(self, params):
+        return self._inner.episodes(params)
+
+    def bound_to(self, model):
+        return ProtocolOnly(self._inner.bound_to(model))
 
     def release(self):
         self._inner.release()
@@ -231,11 +247,14 @@ class ProtocolOnly:
 
 
 def test_an_engine_written_to_the_protocol_trains_evaluates_and_checkpoints(tiny_model_dir, run_root):
-    from tinyrl.rollout.base import RolloutEngine
+    from tinyrl.rollout.engine import RolloutEngine
+    from tinyrl.sources import Shaper, make_source
 
-    assert {"generate", "release", "sync", "state_dict", "load_state_dict"} <= set(dir(RolloutEngine))
+    protocol = {n for n in dir(RolloutEngine) if not n.startswith("_")} | set(RolloutEngine.__annotations__)
+    assert protocol == {n for n in dir(ProtocolOnly) if not n.startswith("_")}  # all of it, nothing more
     t = build_trainer(overrides=small(tiny_model_dir, run_root, **{"train.eval_before_after": True}))
-    t.engine = ProtocolOnly(t.engine)
+    t.engine = ProtocolOnly(t.engine)  # the batches come through it too: the source is built on it
+    t.source = make_source(t.cfg, t.engine, t.prompts, Shaper(t.rewards, t.sampling), t.dist, t.model)
     run = t.train()
     assert not run.interrupted and run.eval_after is not None and not math.isnan(run.eval_after)
     t.load_checkpoint(t.run.latest_checkpoint())

@@ -1,4 +1,4 @@
-"""One-step-off rollouts (rollout.overlap, tinyrl.overlap): the rollout copy shares the base, the adapter is
+"""One-step-off rollouts (rollout.overlap, tinyrl.sources.overlap): the rollout copy shares the base, the adapter is
 handed over before each collection, every trained token is one version old, a killed run resumes."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 from tests.test_resume import kill_9_after_first_checkpoint, overrides
 from tinyrl.api import build_trainer
-from tinyrl.config import RunConfig
+from tinyrl.config import load_config
 from tinyrl.errors import ConfigError
-from tinyrl.overlap import OverlapCollector, detached_engine, shared_base_copy
+from tinyrl.sources import OverlapSource, PartialSource, SyncSource, shared_base_copy
 
 
 def lora(model):
@@ -37,16 +37,16 @@ def test_the_adapter_is_handed_over_before_each_collection(tiny_model_dir, run_r
          "train.save_every": 0}
     t = build_trainer(overrides=o)
     try:
-        assert isinstance(t.collector, OverlapCollector)
+        assert isinstance(t.source, OverlapSource)
         p0 = lora(t.model)
         m1, _ = t.train_step()  # trains on a batch of version 0; launches step 2's collection with version 0
-        t.collector.settle()
-        assert all(torch.equal(a, b) for a, b in zip(lora(t.collector.rollout_model), p0))
+        t.source.settle()
+        assert all(torch.equal(a, b) for a, b in zip(lora(t.source.rollout_model), p0))
         p1 = lora(t.model)
         assert any(not torch.equal(a, b) for a, b in zip(p0, p1)), "the update did not move the adapter"
         m2, _ = t.train_step()  # trains on version 0's batch at version 1; hands version 1 over
-        t.collector.settle()
-        assert all(torch.equal(a, b) for a, b in zip(lora(t.collector.rollout_model), p1))
+        t.source.settle()
+        assert all(torch.equal(a, b) for a, b in zip(lora(t.source.rollout_model), p1))
         assert m1["staleness_max"] == 0 and m2["staleness_mean"] == 1 and m2["staleness/1"] == 1.0
         assert m2["overlap_s"] >= 0 and m2["rollout_wait_s"] >= 0
         # the behaviour policy of step 2's batch is the adapter before the step-1 update, not the current one
@@ -56,19 +56,16 @@ def test_the_adapter_is_handed_over_before_each_collection(tiny_model_dir, run_r
 
 
 def test_overlap_beside_a_pool_of_partial_rollouts_spends_one_version(tiny_model_dir, run_root):
-    from tinyrl.collect import SyncCollector
-    from tinyrl.inflight import PartialCollector
-
     base = {**overrides(tiny_model_dir, run_root, "k1"), "rollout.overlap": True, "train.save_every": 0,
             "rollout.max_staleness": 1, "rollout.max_new_tokens": 8}
     t = build_trainer(overrides=base)
     try:  # k = 1: every trained token is exactly one version old: nothing is left to carry a group with
-        assert isinstance(t.collector.inner, SyncCollector)
+        assert isinstance(t.source.inner, SyncSource)
     finally:
         t.run.unlock()
     t = build_trainer(overrides={**base, "rollout.max_staleness": 2, "log.name": "k2"})
     try:
-        assert isinstance(t.collector.inner, PartialCollector)
+        assert isinstance(t.source.inner, PartialSource)
         rows = [t.train_step()[0] for _ in range(4)]
         for m in rows[1:]:
             assert m["staleness/0"] == 0.0 and 1 <= m["staleness_mean"] and m["staleness_max"] <= 2
@@ -77,12 +74,15 @@ def test_overlap_beside_a_pool_of_partial_rollouts_spends_one_version(tiny_model
 
 
 def test_overlap_needs_staleness_and_the_hf_engine():
-    cfg = RunConfig()
-    cfg.rollout.overlap = True
-    with pytest.raises(ConfigError, match="rollout.overlap"):
-        cfg.rollout.validate("rollout")
-    with pytest.raises(ConfigError, match="hf engine"):
-        detached_engine(object(), None)
+    with pytest.raises(ConfigError, match="rollout.overlap: trains on tokens one policy version old"):
+        load_config("tiny_grpo_cpu", {"rollout.overlap": True})
+    for engine in ("vllm", "stale"):  # refused when the config resolves, before any model loads
+        with pytest.raises(ConfigError, match=f"rollout.overlap: one-step-off runs with the hf and vllm_server engines "
+                                              f".*not {engine}"):
+            load_config("tiny_grpo_cpu", {"rollout.overlap": True, "rollout.max_staleness": 1,
+                                          "rollout.engine": engine})
+    load_config("tiny_grpo_cpu", {"rollout.overlap": True, "rollout.max_staleness": 1, "rollout.engine": "vllm_server",
+                                  "rollout.server_url": "http://127.0.0.1:8000"})  # a server on devices of its own
 
 
 @pytest.mark.slow

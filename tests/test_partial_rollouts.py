@@ -1,4 +1,4 @@
-"""Partial rollouts with bounded staleness (tinyrl.inflight): version accounting and the drop rule on
+"""Partial rollouts with bounded staleness (tinyrl.sources.partial): version accounting and the drop rule on
 a hand-made schedule, whole groups only, the real engine in a training run, and kill -9 mid-run."""
 
 from __future__ import annotations
@@ -10,18 +10,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from tests.test_resume import kill_9_after_first_checkpoint, overrides
 from tinyrl.api import build_trainer
-from tinyrl.collect import Shaper
 from tinyrl.config import RunConfig
 from tinyrl.config.schema import RewardSpec
 from tinyrl.data import PromptSource
 from tinyrl.distributed import Dist
-from tinyrl.inflight import PartialCollector, make_collector, staleness_stats
 from tinyrl.rewards.core import RewardSet
-from tinyrl.rollout.base import Sample, SamplingParams
+from tinyrl.rollout.base import Rollouts, Sample, SamplingParams
+from tinyrl.rollout.engine import SamplingEngine
+from tinyrl.sources import PartialSource, Shaper, StepInput, staleness_stats
 
 ASSETS = Path(__file__).resolve().parents[1] / "tinyrl" / "assets"
 
@@ -60,7 +61,7 @@ class ScriptedSession:
         return out
 
 
-class ScriptedEngine:
+class ScriptedEngine(SamplingEngine):
     def __init__(self, tok, session_cls=ScriptedSession):
         self.tokenizer, self.log, self.session_cls = tok, [], session_cls
 
@@ -78,9 +79,23 @@ def scripted_collector(lengths, B=2, pool=3, k=1, G=2, reward="tests.test_traini
     prompts = PromptSource(rows, seed=0)
     prompts._order = lambda epoch: list(range(len(rows)))  # the schedule's order, not a shuffle
     sampling = SamplingParams(max_new_tokens=64)
-    shaper = Shaper(cfg, RewardSet([RewardSpec(reward)], combine=combine, isolate=False), sampling)
+    shaper = Shaper(RewardSet([RewardSpec(reward)], combine=combine, isolate=False), sampling)
     engine = ScriptedEngine(tok, session_cls)
-    return PartialCollector(cfg, engine, prompts, shaper, sampling, Dist()), engine
+    return Scripted(PartialSource(engine, prompts, shaper, Dist()), cfg), engine
+
+
+class Scripted:
+    """The source, and the config the trainer would hand it each step."""
+
+    def __init__(self, source: PartialSource, cfg):
+        self.source, self.cfg = source, cfg
+
+    def collect(self, state):
+        got = self.source.collect(StepInput(self.cfg, state.step))
+        return got.batch, got.stats
+
+    def __getattr__(self, name):
+        return getattr(self.source, name)
 
 
 def test_versions_and_the_drop_rule_on_a_hand_made_schedule():
@@ -137,7 +152,7 @@ def test_partial_rollouts_train_the_real_engine(tiny_model_dir, run_root):
          "rollout.max_new_tokens": 8, "train.save_every": 0}
     t = build_trainer(overrides=o)
     try:
-        assert isinstance(t.collector, PartialCollector)
+        assert isinstance(t.source, PartialSource)
         for step in range(4):
             metrics, _ = t.train_step()
             assert metrics["staleness_max"] <= 1 and not metrics["skipped_nonfinite"]
@@ -156,11 +171,93 @@ def test_max_staleness_0_is_the_synchronous_collector(tiny_model_dir, run_root):
         t.run.unlock()
 
 
-def test_a_multi_process_launch_is_refused_clearly():
+def test_a_multi_process_launch_resolves():
+    from tinyrl.config import load_config
+
+    for o in ({"rollout.max_staleness": 1}, {"rollout.max_staleness": 1, "rollout.overlap": True}):
+        load_config("tiny_grpo_cpu", {**o, "dist.nproc": 2})
+
+
+class ThreadWorld:
+    """`n` ranks as threads of this process: a collective waits for every rank's call, then each gets all values."""
+
+    def __init__(self, n: int):
+        self.n, self.slots, self.barrier = n, [None] * n, threading.Barrier(n, timeout=60)
+        self.calls = [0] * n
+
+    def gather(self, rank: int, obj):
+        self.slots[rank] = obj
+        self.calls[rank] += 1
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+class ThreadDist(Dist):
+    def __init__(self, world: ThreadWorld, rank: int):
+        super().__init__(torch.device("cpu"))
+        self.w, self.rank, self.world = world, rank, world.n
+
+    def _all_reduce(self, t, op):
+        vals = self.w.gather(self.rank, t.clone())
+        return torch.stack(vals).sum(0) if op == "sum" else torch.stack(vals).amax(0)
+
+    def all_gather_object(self, obj):
+        return self.w.gather(self.rank, obj)
+
+
+def partial_sources(lengths, dists, B=4, pool=6, k=1, G=2, reward="tests.test_training:reward_by_length"):
+    """One PartialSource per rank (`dists`) over the same scripted prompt stream; the config each step reads."""
+    tok = AutoTokenizer.from_pretrained(ASSETS / "tiny-arith")
     cfg = RunConfig()
-    cfg.rollout.max_staleness = 1
-    with pytest.raises(Exception, match="max_staleness"):
-        make_collector(cfg, None, None, None, None, SimpleNamespace(world=2))
+    cfg.train.prompts_per_step, cfg.rollout.num_generations = B, G
+    cfg.rollout.max_staleness, cfg.rollout.inflight_groups = k, pool
+    rows = [{"rendered": f"L{n};", "i": i} for i, n in enumerate(lengths)]
+    out = []
+    for d in dists:
+        prompts = PromptSource(rows, seed=0, rank=d.rank, world=d.world)
+        prompts._order = lambda epoch: list(range(len(rows)))  # the schedule's order, not a shuffle
+        shaper = Shaper(RewardSet([RewardSpec(reward)], combine="sum", isolate=False), SamplingParams(max_new_tokens=64))
+        out.append(PartialSource(ScriptedEngine(tok), prompts, shaper, d))
+    return out, cfg
+
+
+def test_two_ranks_deal_the_groups_one_process_trains_and_keep_in_step():
+    lengths = [2, 7, 3, 9, 2, 4, 5, 2, 6, 3, 2, 8, 3, 2, 4, 2, 5, 3, 2, 2, 6, 2, 3, 4]
+    (one,), cfg = partial_sources(lengths, [Dist()])
+    world = ThreadWorld(2)
+    two, _ = partial_sources(lengths, [ThreadDist(world, r) for r in range(2)])
+    carried = dropped = 0
+    for step in range(5):
+        want = one.collect(StepInput(cfg, step))
+        got = on_ranks(two, lambda s: s.collect(StepInput(cfg, step)))  # noqa: B023
+        streams = lambda c: [r["i"] for j, r in enumerate(c.batch.columns) if j % 2 == 0]  # noqa: E731  (a group's first row)
+        assert streams(got[0]) + streams(got[1]) == streams(want)  # the same groups, dealt in stream order
+        assert len(streams(got[0])) == len(streams(got[1])) == 2  # whole groups, the same number on each rank
+        for key in ("stale_dropped_groups", "carried_groups", "staleness_mean", "staleness_max"):
+            assert got[0].stats.get(key) == got[1].stats.get(key) == want.stats.get(key), (step, key)
+        both = Rollouts.concat([got[0].batch, got[1].batch])
+        assert torch.equal(both.completion_ids, want.batch.completion_ids)
+        assert torch.equal(both.versions, want.batch.versions) and torch.equal(both.rewards, want.batch.rewards)
+        carried += want.stats["carried_groups"]
+        dropped += want.stats["stale_dropped_groups"]
+    assert carried and dropped  # the schedule carried groups over and dropped stale ones
+    assert world.calls[0] == world.calls[1]  # every collective paired
+    states = on_ranks(two, lambda s: s.state_dict())  # a collective too
+    assert states[0] == states[1] == one.state_dict()  # every rank's in-flight groups, as one process holds them
+
+
+def on_ranks(sources, fn):
+    """`fn(source)` on each rank's thread at once (their collectives pair up); the results in rank order."""
+    got: list = [None] * len(sources)
+    threads = [threading.Thread(target=lambda r=r: got.__setitem__(r, fn(sources[r]))) for r in range(len(sources))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(g is not None for g in got), "a rank did not finish"
+    return got
 
 
 @pytest.mark.slow
@@ -259,3 +356,23 @@ def test_a_normalising_reward_combine_scores_the_whole_batch_at_once():
     assert col.scorer is None
     r = batch.rewards  # normalised over the batch: each group's 2 equal lengths would give 0 alone
     assert float(r.mean()) == pytest.approx(0.0, abs=1e-5) and r[0] < 0 < r[2]
+
+
+class TightSession(ScriptedSession):
+    """"A card" that decodes at most 4 rows at once: a step over more runs out of memory."""
+
+    def step(self):
+        if len(self.rows) > 4:
+            self.log.append(("oom", len(self.rows)))
+            raise torch.OutOfMemoryError("out of memory (injected by the test)")
+        return super().step()
+
+
+def test_out_of_memory_in_the_pool_decodes_fewer_groups_at_once_and_keeps_the_cap():
+    col, engine = scripted_collector([2, 3, 9, 2, 2, 2, 2, 2], B=2, pool=3, G=2, session_cls=TightSession)
+    got = col.source.collect(StepInput(col.cfg, 0))  # 3 groups x 2 rows = 6 rows: out of memory, then 2 at a time
+    assert [e for e in engine.log if e[0] == "oom"] == [("oom", 6)]
+    assert (got.rollout_prompts, got.oom_retries) == (2, 1)
+    assert got.batch.group.tolist() == [0, 0, 1, 1] and sorted({r["i"] for r in got.batch.columns}) == [0, 1]
+    again = col.source.collect(StepInput(col.cfg, 1, rollout_prompts=got.rollout_prompts))  # the cap, kept
+    assert [e for e in engine.log if e[0] == "oom"] == [("oom", 6)] and again.oom_retries == 0

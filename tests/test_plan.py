@@ -200,8 +200,8 @@ def preset_cases():
 def test_plan_of_every_preset_and_profile(preset, profile):
     """Values positive; the peak grows with micro-batch, generations and length; the verdict flips
     where memory runs out, and `largest` finds the edge."""
+    from tinyrl.plan_report import budget_for
     from tinyrl.planner.gpus import world_size_of
-    from tinyrl.planner.report import budget_for
 
     _, cfg = load_config(preset, profile=profile)
     device, budget, _ = budget_for(cfg, None, None, profile)
@@ -312,7 +312,7 @@ def test_gpu_preset_header_states_the_planners_estimate(preset):
     import re
     from importlib import resources
 
-    from tinyrl.planner.report import run
+    from tinyrl.plan_report import run
 
     header = (resources.files("tinyrl.presets") / f"{preset}.yaml").read_text().split("\ndescription:")[0]
     stated = {m[0]: float(m[1]) for m in re.findall(r"(\w+) ([0-9.]+) of [0-9]+ GiB", header)}

@@ -197,7 +197,7 @@ def test_planner_counts_one_byte_a_weight_plus_row_scales_and_one_copy():
 
 
 def test_tinyrl_plan_sets_qlora_beside_the_shared_int8_base():
-    from tinyrl.planner.report import FORMATS, base_bytes, compare_formats, run
+    from tinyrl.plan_report import FORMATS, base_bytes, compare_formats, run
 
     _, cfg = load_config("qwen2.5-7b_grpo_math_gpu", [], profile="24gb")
     plans = dict(compare_formats(cfg, "cuda", 24 * 10 ** 9))

@@ -158,7 +158,7 @@ def test_a_batch_without_signal_does_not_move_the_weights(tiny_model_dir, run_ro
         "reward.functions": [f"{__name__}:reward_by_length"], "train.eval_before_after": False}))
     first, _ = t.train_step()  # a real step: the optimiser now has momentum
     assert not first["skipped_no_signal"] and first["update_kl"] > 0
-    t.collector.shaper.rewards = RewardSet([RewardSpec(f"{__name__}:constant_reward")])  # phase 2 rewards by it
+    t.source.shaper.rewards = RewardSet([RewardSpec(f"{__name__}:constant_reward")])  # phase 2 rewards by it
     lora0, _ = lora_and_base(t.model)
     metrics, _ = t.train_step()
     lora1, _ = lora_and_base(t.model)

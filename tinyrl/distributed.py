@@ -287,13 +287,6 @@ def shutdown() -> None:
 # ---------------------------------------------------------------------- what crosses ranks
 
 
-def check_world(prompts_per_step: int, world: int) -> None:
-    """Whole groups per rank: the global batch must split evenly over the processes."""
-    if prompts_per_step % world:
-        raise ConfigError(f"train.prompts_per_step: {prompts_per_step} prompts do not split over {world} processes; "
-                          f"use a multiple of {world} (every process takes whole groups)")
-
-
 def gather_rows(dist: Dist, t: torch.Tensor) -> tuple[torch.Tensor, slice]:
     """Every rank's rows of `t` ([n_r] or [n_r, T_r], right-padded with zeros to the widest), in rank
     order, and the rows that are this rank's."""

@@ -29,9 +29,15 @@ class StaleWeightsError(RuntimeError):
     """The rollout engine is not sampling from the trained weights (the monitor's canary)."""
 
 
+class MissingExtra(ImportError):
+    """An optional dependency a run needs is not installed (names the feature and the extra to install).
+    An ImportError, so code that falls back when a package is missing still catches it."""
+
+
 class PeerLostError(RuntimeError):
     """A collective failed: another process of the run died, or stalled past `dist.timeout_s`."""
 
 
 # what the CLI reports as one paragraph (an OSError and an out-of-memory error are reported too, in their own words)
-USER_ERRORS = (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, PeerLostError)
+USER_ERRORS = (ConfigError, ModelLoadError, RewardImportError, ResumeError, StaleWeightsError, PeerLostError,
+               MissingExtra)

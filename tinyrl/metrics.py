@@ -7,6 +7,7 @@ observations spliced into an agent's completion are not the policy's and never c
     reward_excluded_frac       samples of the trained batch without a usable reward (a failed or
                                non-finite reward); 1.0: the step had nothing to learn from
     entropy, entropy_p10/p90   token entropy of the policy before the update, over the loss tokens
+    entropy_adv_pos / _neg     the same over the samples better / worse than their group's mean
     rollout_trainer_k3         KL(behaviour || trainer) per token (k3) on those tokens: the engine's logprobs
     rollout_trainer_maxdiff    against the weights at the step's start. Synchronous: the stale-weights canary
                                (the engine must sample from the trained weights); with partial rollouts
@@ -101,8 +102,24 @@ def _policy_token_stats(batch, first, version: int) -> dict:
     fresh = {"rollout_trainer_k3_fresh": float(kl_penalty(batch.sampling_logprobs[f], first.logprobs[f]).mean())} \
         if f is not None and f.any() else {}
     return {"entropy": float(ent.mean()), "entropy_p10": float(torch.quantile(ent, 0.1)),
-            "entropy_p90": float(torch.quantile(ent, 0.9)),
+            "entropy_p90": float(torch.quantile(ent, 0.9)), **_entropy_by_advantage(batch, first, m),
             "rollout_trainer_k3": float(d.mean()), "rollout_trainer_maxdiff": float(diff.max()), **weights, **fresh}
+
+
+def _entropy_by_advantage(batch, first, m) -> dict:
+    """Token entropy of the samples better than their group's mean (`entropy_adv_pos`) and worse than it
+    (`entropy_adv_neg`): a policy that learns grows confident where it is right; one that collapses is as sure
+    of its failures (the monitor's entropy_collapse rule reads both). Absent when a side has no token."""
+    adv = batch.advantages
+    if adv is None:
+        return {}
+    row = adv if adv.dim() == 1 else (adv * m).sum(-1) / m.sum(-1).clamp(min=1)
+    out = {}
+    for name, side in (("entropy_adv_pos", row > 0), ("entropy_adv_neg", row < 0)):
+        sel = m & side[:, None]
+        if sel.any():
+            out[name] = float(first.entropy[sel].mean())
+    return out
 
 
 def _agent_stats(batch) -> dict:

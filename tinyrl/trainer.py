@@ -1,8 +1,8 @@
 """The GRPO trainer: one loop, its phases in order (see ARCHITECTURE.md).
 
     per step (`train_step`):
-    1-3. collect       the run's collector (tinyrl.collect; partial rollouts: tinyrl.inflight; one-step-off:
-                       tinyrl.overlap) does phases 1-3 and hands over a batch of whole groups:
+    1-3. collect       the run's batch source (tinyrl.sources: synchronous, partial rollouts, one-step-off)
+                       does phases 1-3 with the run's current config and hands over a batch of whole groups:
     1. generate        engine.generate(prompts, n=G) -> Rollouts (ids, masks, sampling logprobs)
     2. reward          the run's reward functions -> per-component and total rewards
     3. shape           DAPO overlong penalty; dynamic sampling keeps informative groups, samples again
@@ -34,22 +34,22 @@ import torch
 from peft import set_peft_model_state_dict
 from tqdm.auto import tqdm
 
-from tinyrl import checkpoint, distributed, kernels
+from tinyrl import checkpoint, distributed, hub_sync, kernels
 from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs
 from tinyrl.algo.losses import kl_penalty, top_entropy_mask
+from tinyrl.algo.movement import update_movement
 from tinyrl.checkpoint import CheckpointData
-from tinyrl.collect import Shaper
 from tinyrl.config import RunConfig, with_fields
 from tinyrl.data import PromptSource
 from tinyrl.distributed import Dist
 from tinyrl.errors import ResumeError, StaleWeightsError
 from tinyrl.evaluation import accuracy, run_sampled
-from tinyrl.inflight import make_collector
 from tinyrl.metrics import samples_of, step_metrics
 from tinyrl.monitor import Action, Monitor, planned_action
 from tinyrl.rewards.core import RewardSet
 from tinyrl.rollout.base import Rollouts, SamplingParams
 from tinyrl.runs import Run, RunDir
+from tinyrl.sources import Shaper, StepInput, make_source
 from tinyrl.stop import StopSignals
 from tinyrl.trackers.fanout import open_trackers
 from tinyrl.update import UpdateResult, initial_loss_scale, next_loss_scale, policy_update, score
@@ -60,7 +60,9 @@ log = logging.getLogger("tinyrl")
 @dataclass
 class TrainerState:
     """What changes as a run trains, besides the weights, the optimizer and the schedule: what a
-    checkpoint saves and restores, what the step metrics report, what the monitor's actions change."""
+    checkpoint saves and restores, what the step metrics report, what the monitor's actions change.
+    Its one owner is the trainer; the batch sources, the shaper and the loss get the config it implies
+    (`Trainer.cfg`) with each call and return what they changed (tinyrl.sources.Collected)."""
 
     step: int = 0
     skipped_steps: int = 0  # optimiser steps skipped for a non-finite loss or gradient
@@ -93,26 +95,35 @@ class TrainerParts:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, run: RunDir, parts: TrainerParts, dist: Dist):
-        self.base_cfg = cfg  # as resolved; `cfg` is it with the monitor's patches (none yet)
-        self.cfg = cfg
+        self.base_cfg = cfg  # as resolved; `self.cfg` is it with the monitor's patches (in self.state)
+        self.state = TrainerState(micro_batch=cfg.train.micro_batch_size, loss_scale=initial_loss_scale(cfg))
+        self._patched: tuple[str, RunConfig] = ("[]", cfg)  # (the patches it was built from, the config)
         self.run = run
         self.dist = dist  # [dist] one process, or this rank of the launch
         self.device = dist.device  # [dist] cuda:<local rank> (or the CPU)
         self.model, self.tokenizer, self.engine, self.task = parts.model, parts.tokenizer, parts.engine, parts.task
         self.eval_rows, self.rewards, self.sampling = parts.eval_rows, parts.rewards, parts.sampling
         self.prompts = PromptSource(parts.train_rows, cfg.data.seed, dist.rank, dist.world)  # [dist]
-        self.collector = make_collector(cfg, self.engine, self.prompts, Shaper(cfg, self.rewards, self.sampling),
-                                        self.sampling, dist, self.model)  # synchronous, partial, one-step-off
+        self.source = make_source(cfg, self.engine, self.prompts, Shaper(self.rewards, self.sampling), dist,
+                                  self.model)  # synchronous, partial rollouts, one-step-off
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         self.scheduler = checkpoint.make_scheduler(self.optimizer, cfg.train, cfg.algo.num_iterations)
         self.monitor = Monitor(cfg.monitor)
-        self.state = TrainerState(micro_batch=cfg.train.micro_batch_size, loss_scale=initial_loss_scale(cfg))
         self._in_step = False
         log.info("algo: %s", {k: v for k, v in vars(cfg.algo).items() if v is not None})
         if cfg.algo.llds_lambda > 0 and cfg.algo.num_iterations < 2:
             log.warning("algo.llds_lambda > 0 acts only when the policy moves within a rollout batch: "
                         "set algo.num_iterations >= 2, otherwise LLDS adds nothing")
+
+    @property
+    def cfg(self) -> RunConfig:
+        """The run's config now: as resolved, with the monitor's patches (kept in `state`) applied. Derived,
+        never stored elsewhere: after an action or a resume every phase reads the same config."""
+        key = repr(sorted(self.state.config_patches.items()))
+        if self._patched[0] != key:
+            self._patched = (key, with_fields(self.base_cfg, self.state.config_patches))
+        return self._patched[1]
 
     # ------------------------------------------------------------------ the loop
 
@@ -121,7 +132,8 @@ class Trainer:
         st = self.state
         outs = {name: self.run.writer(f"{name}.jsonl") for name in ("metrics", "samples", "alarms")}
         outs["trackers"] = trackers = open_trackers(cfg, self.run.path, self.dist.is_main, st.step)  # log.report_to
-        stop = StopSignals(defer=lambda: self._in_step).__enter__()  # inside a step, finish it first
+        stop = StopSignals(defer=lambda: self._in_step,  # inside a step, finish it first (within a deadline)
+                           deadline_s=cfg.train.stop_timeout_s).__enter__()
         bar = None
         try:
             if st.step == 0 and self._can_evaluate():
@@ -129,14 +141,16 @@ class Trainer:
                 st.eval_before = self.evaluate("before")
                 log.info("held-out accuracy before training: %.3f", st.eval_before)
                 trackers.held_out(st.eval_before, 0)
+                trackers.held_out_sampled(st.eval_sampled.get("before"), 0)  # pass@k, maj@k (train.eval_samples)
             bar = _progress(cfg, st.step) if self.dist.is_main else None  # [dist]
-            while st.step < cfg.train.steps and not self.dist.any(stop.requested):  # [dist] all stop together
-                self._in_step = True
+            while st.step < self.cfg.train.steps and not self.dist.any(stop.requested):  # [dist] all stop together
+                self._in_step = True  # until its row is logged: a stop request waits for the whole step
                 metrics, samples = self.train_step()
-                self._in_step = False
                 alarms = self.watch(metrics)
                 self.log(outs, metrics, samples, alarms, bar)
-                if cfg.train.save_every and st.step % cfg.train.save_every == 0 and st.step < cfg.train.steps:
+                self._in_step = False
+                every, steps = self.cfg.train.save_every, self.cfg.train.steps
+                if every and st.step % every == 0 and st.step < steps:
                     self.save_checkpoint()
             if stop.requested:
                 raise KeyboardInterrupt
@@ -149,6 +163,7 @@ class Trainer:
                 log.info("held-out evaluation after training (%d prompts)", len(self.eval_rows))
                 after = self.evaluate("after")
                 trackers.held_out(after, st.step)
+                trackers.held_out_sampled(st.eval_sampled.get("after"), st.step)
         except KeyboardInterrupt:
             if not self._in_step:  # between steps (or in an evaluation): the state is whole, keep it
                 self.save_checkpoint()
@@ -191,8 +206,12 @@ class Trainer:
     # ------------------------------------------------------------------ phases
 
     def collect_batch(self) -> tuple[Rollouts, dict]:
-        """Phases 1-3 (generate, reward, shape): the collector's batch for this step (tinyrl.collect)."""
-        return self.collector.collect(self.state)
+        """Phases 1-3 (generate, reward, shape): the source's batch for this step (tinyrl.sources), collected
+        with the run's current config; the state keeps what the collection changed (the rollout's OOM cap)."""
+        st = self.state
+        got = self.source.collect(StepInput(self.cfg, st.step, st.rollout_prompts))
+        st.rollout_prompts, st.oom_retries = got.rollout_prompts, st.oom_retries + got.oom_retries
+        return got.batch, got.stats
 
     def reference(self, batch: Rollouts) -> None:
         """The reference policy's logprobs (adapter disabled), once per step, when beta > 0."""
@@ -243,35 +262,16 @@ class Trainer:
         return first, last
 
     def measure_update(self, batch: Rollouts, first: UpdateResult) -> dict:
-        """Re-score the rows the update trained on: how far the policy moved (update_kl = KL(old || new),
-        k3 per token; update_clip_frac = tokens whose ratio left the clip range), and whether the
-        positive-advantage responses' likelihood rose, as the update meant it to (lazy likelihood
-        displacement when not). Nothing when no optimiser step was taken: nothing moved."""
+        """Re-score the rows the update trained on: how far the policy moved, by the loss's own ratio rule
+        (tinyrl.algo.movement: update_kl, update_clip_frac, lazy likelihood displacement). Nothing when no
+        optimiser step was taken: nothing moved."""
         if first.no_signal or first.skipped:
             return {}
         rows = first.rows
-        m = batch.loss_mask[rows].float()
         new = self._score(batch, rows=rows).logprobs[rows]
-        old = first.logprobs[rows]
-        log_r = (new - old) * m
-        n = m.sum().clamp(min=1)
-        adv_all = batch.advantages[rows]
-        adv = adv_all if adv_all.dim() == 1 else (adv_all * m).sum(-1) / m.sum(-1).clamp(min=1)
-        ratio, a = torch.exp(log_r), adv[:, None]
-        s = self.cfg.algo
-        out_of_range = ((ratio > 1 + s.epsilon_high) & (a > 0)) | ((ratio < 1 - s.epsilon_low) & (a < 0))
-        # [dist] (mean, weight) per rank, weight-averaged over ranks
-        out = {"update_kl": (float((kl_penalty(old, new) * m).sum() / n), float(m.sum())),
-               "update_clip_frac": (float((out_of_range * m).sum() / n), float(m.sum()))}
-        pos = adv > 0
-        if pos.any():
-            mp = m[pos]
-            delta = log_r[pos].sum(-1)  # per response, change of its total log-likelihood
-            w = float(mp.sum())
-            out.update({"logp_pos_mean": (float((old[pos] * mp).sum() / mp.sum().clamp(min=1)), w),
-                        "logp_pos_delta": (float(delta.sum() / mp.sum().clamp(min=1)), w),  # per token
-                        "frac_pos_delta_nonpos": (float((delta <= 0).float().mean()), float(pos.sum()))})
-        return distributed.weighted_means(self.dist, out)
+        moved = update_movement(first.logprobs[rows], new, batch.advantages[rows], batch.loss_mask[rows],
+                                self.cfg.algo)
+        return distributed.weighted_means(self.dist, moved)  # [dist] (mean, weight) per rank, weight-averaged
 
     def _policy_update_oom_safe(self, batch: Rollouts, score_rest: bool) -> UpdateResult:
         """policy_update; on an out-of-memory error, halve the micro-batch and redo the step from the same
@@ -316,8 +316,7 @@ class Trainer:
         rollback; returns what was done, in words."""
         if action.rollback:
             return self.rollback()
-        self.state.config_patches.update(action.patch)
-        self.cfg = with_fields(self.base_cfg, self.state.config_patches)  # the loss reads cfg.algo: one source
+        self.state.config_patches.update(action.patch)  # `self.cfg` follows: every phase reads it
         return action.message
 
     def rollback(self) -> str:
@@ -386,13 +385,14 @@ class Trainer:
         return {"trainer": asdict(self.state), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "rng": rngs[0], "rng_ranks": rngs,  # one per process
                 "prompts": self.prompts.state_dict(), "engine": self.engine.state_dict(),
-                "collector": self.collector.state_dict(),  # partial rollouts: the in-flight groups' prompts
+                "source": self.source.state_dict(),  # partial rollouts: the in-flight groups' prompts
                 "monitor": self.monitor.state_dict(), "reward_failures": self.rewards.total_failures,
                 "config": self.base_cfg.to_dict()}
 
     def save_checkpoint(self) -> Path:
         """Rank 0 writes the checkpoint (other ranks' run folder writes nothing)."""
-        return checkpoint.write(self.run, self.state.step, self.model, self.state_dict(), self.cfg.train.keep_last)
+        return hub_sync.on_save(self, checkpoint.write(self.run, self.state.step, self.model, self.state_dict(),
+                                                       self.cfg.train.keep_last))  # log.push_to_hub (background)
 
     def load_checkpoint(self, path: Path) -> None:
         self.restore(checkpoint.read(path))
@@ -410,8 +410,8 @@ class Trainer:
         if missing:
             raise ResumeError(f"the adapter in {path} lacks {len(missing)} LoRA tensors of this model "
                               f"(e.g. {missing[0]}): it was trained on another base or target_modules")
-        self.state = TrainerState(**{"micro_batch": self.cfg.train.micro_batch_size, **state["trainer"]})
-        self.cfg = with_fields(self.base_cfg, self.state.config_patches)  # the monitor's actions, kept
+        # the monitor's actions come back with the state (its config_patches): `self.cfg` follows
+        self.state = TrainerState(**{"micro_batch": self.base_cfg.train.micro_batch_size, **state["trainer"]})
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         ranks, d = state.get("rng_ranks") or [state["rng"]], self.dist
@@ -421,7 +421,7 @@ class Trainer:
                         len(ranks), d.world)
         checkpoint.set_rng_state(ranks[d.rank] if len(ranks) == d.world else state["rng"])
         self.prompts.load_state_dict(state["prompts"])
-        self.collector.load_state_dict(state.get("collector", {}))
+        self.source.load_state_dict(state.get("source", state.get("collector", {})))  # (older checkpoints)
         self.engine.load_state_dict(state["engine"])
         self.engine.sync(self.model)  # the engine samples from the restored adapter
         self.monitor.load_state_dict(state["monitor"])

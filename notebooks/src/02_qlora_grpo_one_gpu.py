@@ -47,7 +47,7 @@ print("GPU:", torch.cuda.get_device_name(0) if ON_GPU else "none (the CPU stand-
 # and says whether it fits. The table is computed here, not copied.
 
 # %%
-from tinyrl.planner.report import run as plan
+from tinyrl.plan_report import run as plan
 
 MODELS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"]
 CARDS = {"16gb": "T4 16 GB", "24gb": "L4 24 GB", "80gb": "A100/H100 80 GB"}

@@ -7,8 +7,9 @@ from tests.rollout.test_hf_engine import NoEosTokenizer
 from tinyrl.config import LoraConfig, ModelConfig
 from tinyrl.model import load_policy
 from tinyrl.rollout.base import SamplingParams
+from tinyrl.rollout.engine import SamplingEngine
 from tinyrl.rollout.hf import HFEngine
-from tinyrl.rollout.session import CallSession, session_of
+from tinyrl.rollout.session import CallSession
 
 PROMPTS = ["1+2=", "34+56=", "7+8=", "9", "123+4="]  # different lengths (one of a single token)
 
@@ -210,13 +211,13 @@ def test_the_call_session_fallback_draws_what_sample_draws(policy, stream):
     assert [(k, smp.finish) for k, _, smp in s.pause()] == [("late", "paused")] and len(s) == 0
 
 
-def test_session_of_prefers_the_engines_own_session(policy):
+def test_an_engine_with_only_sample_gets_a_call_session(policy):
     model, tok = policy
 
-    class OnlySample:
+    class OnlySample(SamplingEngine):
         def __init__(self, inner):
-            self.sample = inner.sample
+            self.sample, self.tokenizer = inner.sample, inner.tokenizer
 
-    with session_of(HFEngine(model, tok), SamplingParams()) as own, \
-            session_of(OnlySample(HFEngine(model, tok)), SamplingParams()) as fallback:
+    with HFEngine(model, tok).session(SamplingParams()) as own, \
+            OnlySample(HFEngine(model, tok)).session(SamplingParams()) as fallback:
         assert not isinstance(own, CallSession) and isinstance(fallback, CallSession)

@@ -4,8 +4,6 @@ the policy version that sampled them. The engine is the one tests/rollout/test_v
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -20,10 +18,9 @@ from tests.rollout.test_vllm_engine import (  # noqa: E402, F401, F811  (fixture
     vllm,
     vllm_model_dir,
 )
-from tinyrl.collect import Shaper  # noqa: E402
 from tinyrl.config import with_fields  # noqa: E402
-from tinyrl.inflight import PartialCollector  # noqa: E402
 from tinyrl.rollout.base import SamplingParams  # noqa: E402
+from tinyrl.sources import PartialSource, Shaper, StepInput  # noqa: E402
 
 
 def test_streaming_episodes_on_vllm_equal_turn_synchronous_ones_under_greedy(trainer):  # noqa: F811
@@ -45,15 +42,15 @@ def test_partial_rollouts_on_vllm_record_the_version_of_each_token(trainer):  # 
     cfg = with_fields(trainer.cfg, {"rollout.max_staleness": 1, "rollout.inflight_groups": 6,
                                     "rollout.max_new_tokens": 16})
     params = SamplingParams(max_new_tokens=16, temperature=1.0, stop=["="])  # "=" ends rows early, unevenly
-    col = PartialCollector(cfg, trainer.engine, trainer.prompts, Shaper(cfg, trainer.rewards, params), params,
-                           trainer.dist)
-    first, _ = col.collect(SimpleNamespace(step=0))
+    col = PartialSource(trainer.engine, trainer.prompts, Shaper(trainer.rewards, params), trainer.dist)
+    first = col.collect(StepInput(cfg, 0)).batch
     assert int(first.group.max()) + 1 == 4 and (first.versions[first.action_mask.bool()] == 0).all()
     carried = [t for g in col.pool for t in g.members if t.ids and not t.done]
     assert carried, "every in-flight row finished in the first collection: nothing continues under version 1"
     perturb_adapter(trainer.model, scale=0.5, seed=3)  # "version 1": the adapter moved
     trainer.engine.sync(trainer.model)
-    batch, stats = col.collect(SimpleNamespace(step=1))
+    got = col.collect(StepInput(cfg, 1))
+    batch, stats = got.batch, got.stats
     lp = trainer_logprobs(trainer.model, batch, 1.0)
     act = batch.action_mask.bool()
     fresh, old = act & (batch.versions == 1), act & (batch.versions == 0)

@@ -3,7 +3,7 @@
 The pieces the multi-turn rollout loop (`tinyrl.rollout.agent`) plugs together:
 
 - `tools`: `Toolbox` over plain typed functions (TRL's `tools=` convention), never raising;
-  the `TOOLS` registry (`search`, `python`) for presets;
+  the tools presets name (`search`, `python`) are registered in `tinyrl.names.TOOLS`;
 - `retrieval`: BM25 (bm25s) and dense (faiss + sentence-transformers) retrievers over a
   Search-R1-format corpus, and the `search` tool;
 - `formats`: `search_r1` tags and `hermes` (Qwen2.5 chat-template) tool calls, one interface;

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from tinyrl.agents.prompts import normalize_question
+from tinyrl.errors import MissingExtra
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -36,7 +37,7 @@ def read_rows(path: str | Path) -> list[dict]:
         try:
             import pyarrow.parquet as pq
         except ImportError as e:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from e
+            raise MissingExtra(f"reading {path} needs pyarrow: pip install pyarrow") from e
         return pq.read_table(path).to_pylist()
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:

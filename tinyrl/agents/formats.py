@@ -1,6 +1,6 @@
 """Tool-call formats: how a model writes a call, and how the observation is written back.
 
-Two formats behind one interface (`CallFormat`), registered by name in `FORMATS`:
+Two formats behind one interface (`CallFormat`), registered by name in `tinyrl.names.FORMATS`:
 
 - `search_r1`: Search-R1's tags. The model writes `<search> query </search>` (generation
   stops at `</search>`), the environment answers with
@@ -25,6 +25,7 @@ import re
 from typing import Protocol, runtime_checkable
 
 from tinyrl.agents.tools import ToolCall, ToolResult
+from tinyrl.names import FORMATS
 
 SEARCH_R1_INSTRUCTION = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
@@ -246,7 +247,6 @@ class HermesFormat:
         return full[len(head):]
 
 
-FORMATS = {"search_r1": SearchR1Format, "hermes": HermesFormat}
 
 
 def make_format(name: str, toolbox=None) -> CallFormat:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from tinyrl.errors import ConfigError  # a user error (a ValueError): the CLI prints it as one paragraph
+from tinyrl.errors import ConfigError, MissingExtra  # user errors: the CLI prints each as one paragraph
 
 log = logging.getLogger("tinyrl.agents")
 NO_RESULTS = "No results."
@@ -140,7 +140,7 @@ def _bm25s():
     try:
         import bm25s
     except ImportError as e:
-        raise ImportError("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl-rlvr[agents]'") from e
+        raise MissingExtra("agent.retriever 'bm25' (the search tool) needs bm25s: pip install 'tinyrl-rlvr[agents]'") from e
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG: keep its notes quiet
     return bm25s
 
@@ -150,7 +150,7 @@ def _dense_imports():
         import faiss
         from sentence_transformers import SentenceTransformer
     except ImportError as e:
-        raise ImportError(
+        raise MissingExtra(
             f"agent.retriever 'dense' needs faiss-cpu and sentence-transformers ({e.name} is missing): "
             f"pip install 'tinyrl-rlvr[agents-dense]'") from e
     return faiss, SentenceTransformer

@@ -47,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tinyrl.registry import Registry, load_object
+from tinyrl.names import TOOLS
+from tinyrl.registry import load_object
 
 log = logging.getLogger("tinyrl.agents")
 
@@ -227,12 +228,6 @@ def to_text(value: Any) -> str:
 # --------------------------------------------------------------------------- the registry
 
 # name -> builder(agent_cfg, task) -> tool function; a built-in's module loads when a run uses it
-TOOLS = Registry("agent.tools", {
-    "search": "tinyrl.agents.retrieval:build_search_tool",
-    "python": "tinyrl.agents.python_tool:build_python_tool",
-})
-
-
 def register_tool(name: str):
     """Decorator: make a tool builder available to presets as `agent.tools: [name]`."""
 

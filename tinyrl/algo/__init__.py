@@ -1,8 +1,6 @@
-"""Advantage estimators and policy losses of the GRPO family: pure math on tensors."""
+"""Advantage estimators and policy losses of the GRPO family: pure math on tensors.
 
-from tinyrl.algo.advantages import ESTIMATORS, AdvantageInputs, AdvantageOutput
-from tinyrl.algo.losses import AGGREGATIONS, BatchTotals, LossOutput, LossSwitches, kl_penalty, policy_loss
-from tinyrl.algo.recipes import RECIPES
-
-__all__ = ["ESTIMATORS", "AGGREGATIONS", "RECIPES", "AdvantageInputs", "AdvantageOutput",
-           "BatchTotals", "LossOutput", "LossSwitches", "kl_penalty", "policy_loss"]
+Import what you use from its module (`tinyrl.algo.advantages`, `.losses`, `.movement`, `.shaping`,
+`.recipes`): this package imports none of them, so the config can read `tinyrl.algo.recipes` (plain data)
+without loading torch. The names a config may give are listed in tinyrl.names.
+"""

@@ -157,8 +157,6 @@ def in_float64(estimator: Callable[[AdvantageInputs], AdvantageOutput]) -> Calla
     return run
 
 
-TOKEN_REWARD_ESTIMATORS = frozenset({"reinforce_pp"})  # estimators that fold a per-token KL into the rewards
-
 ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     name: in_float64(fn) for name, fn in {
         "grpo": grpo,

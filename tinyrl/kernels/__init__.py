@@ -17,6 +17,7 @@ import torch
 
 from tinyrl.algo.advantages import AdvantageOutput
 from tinyrl.algo.losses import BatchTotals, LossSwitches, policy_loss
+from tinyrl.errors import MissingExtra
 from tinyrl.kernels.grouped_advantage import grouped_advantages as _ga
 from tinyrl.kernels.torch_logprobs import torch_linear_logprobs
 
@@ -33,7 +34,7 @@ def resolve_impl(impl: str, device) -> str:
     if impl == "auto":
         return "triton" if (is_cuda and HAS_TRITON) else "torch"
     if impl == "triton" and not HAS_TRITON:
-        raise ImportError("impl='triton' needs triton: pip install 'tinyrl-rlvr[kernels]' (or use impl='torch')")
+        raise MissingExtra("impl='triton' needs triton: pip install 'tinyrl-rlvr[kernels]' (or use impl='torch')")
     return impl
 
 

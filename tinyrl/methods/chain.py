@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tinyrl import distributed
 from tinyrl.methods.common import Summary, read_summary, write_summary
 from tinyrl.methods.registry import METHODS
 from tinyrl.runs import Run, RunDir, atomic_write_text
@@ -54,8 +55,9 @@ def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
                        resumable=result.resumable or len(summaries) > 1)  # a finished stage is kept
         adapter = str(folder / "adapter")
     final = run_dir.path / "adapter"
-    shutil.rmtree(final, ignore_errors=True)
-    shutil.copytree(adapter, final)
+    if distributed.setup().is_main:  # [dist] rank 0 owns the run folder
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.copytree(adapter, final)
     _write(run_dir, summaries, interrupted=False)
     return Run(run_dir.path, [], summaries[0].get("eval_before"), summaries[-1].get("eval_after"), final, alarms)
 
@@ -70,9 +72,15 @@ def stage_config(cfg, adapter: str | None):
 
 
 def _stage_run_dir(folder: Path, cfg) -> RunDir:
-    """The stage's run folder with its config.yaml (derived from the whole run's config each time)."""
+    """The stage's run folder with its config.yaml (derived from the whole run's config each time): written by
+    rank 0, which owns the folders; the other ranks get a replica that writes nothing (as for the top folder)."""
+    dist = distributed.setup()
+    if not dist.is_main:
+        dist.barrier()  # rank 0 has written the folder
+        return distributed.replica_run_dir(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    dist.barrier()
     return RunDir(folder)
 
 

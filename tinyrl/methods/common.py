@@ -2,8 +2,10 @@
 
 - `open_run`: the run folder, created fresh (rank 0) or continued (locked, an interrupted save
   recovered, the changed-config warning, a resumes.jsonl record);
-- the pieces of a run: `sampling_params`, `reward_set`, `task_rows` rendered as the run's engine
-  sees them (the agent format's instructions and tools included), `HeldOut` (greedy pass@1);
+- the one run assembly: `load_model` (seeded, on this process's device, one adapter on every rank),
+  `build_run` (model, tokenizer, engine, rows rendered as the run's engine sees them, rewards, sampling),
+  which every method, `tinyrl.evaluate` and the held-out evaluation use; its pieces `sampling_params`,
+  `reward_set`, `task_rows`, `HeldOut` (greedy pass@1);
 - `Summary` / `write_summary`: the one summary.json schema, written by rank 0 only.
 """
 
@@ -14,17 +16,22 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+import torch
 import yaml
 
 from tinyrl import distributed
 from tinyrl.config import Resolved, config_changes
-from tinyrl.data import load_rows
+from tinyrl.data import filter_rows, load_rows
+from tinyrl.distributed import Dist
+from tinyrl.errors import ConfigError
 from tinyrl.evaluation import accuracy
+from tinyrl.model import load_policy
 from tinyrl.report import write_report
 from tinyrl.rewards.core import RewardSet
 from tinyrl.rollout.base import SamplingParams
 from tinyrl.rollout.engines import make_engine, prompt_renderer
 from tinyrl.runs import RunDir, atomic_write_text, read_jsonl
+from tinyrl.trainer import TrainerParts
 
 log = logging.getLogger("tinyrl")
 SUMMARY_FILE = "summary.json"
@@ -118,6 +125,39 @@ def read_summary(run: RunDir) -> dict:
 
 def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
+
+
+# --------------------------------------------------------------------------- the run assembly
+
+
+def load_model(cfg, dist: Dist, adapter: str | None = None):
+    """(peft model, tokenizer): the base with LoRA, from `adapter` (else model.adapter, else a fresh one seeded
+    by train.seed), on this process's device (4-bit weights are placed at load), the same adapter on every rank."""
+    torch.manual_seed(cfg.train.seed)  # the LoRA init
+    model, tokenizer = load_policy(cfg.model, cfg.lora, adapter=adapter or cfg.model.adapter)
+    if not getattr(model, "is_loaded_in_4bit", False):
+        model.to(dist.device)
+    dist.broadcast_params([p for p in model.parameters() if p.requires_grad])  # [dist] one adapter
+    return model, tokenizer
+
+
+def build_run(cfg, dist: Dist, adapter: str | None = None, train: bool = True,
+              engine: str | None = None) -> TrainerParts:
+    """Everything a run trains or evaluates with: the rows first (a data error ends it before the model loads),
+    the model (`load_model`), the engine (`engine`, default rollout.engine; with the run's agent), the rows
+    rendered as that engine sees them (`train=False`: the held-out rows only), the rewards and sampling."""
+    train_rows, eval_rows, task = load_rows(cfg.data)
+    if task is not None and not eval_rows and (cfg.train.eval_before_after or not train):
+        raise ConfigError(f"train.eval_before_after: the held-out set of data.task {cfg.data.task!r} is empty (too few "
+                          "rows to hold any out?): hold some out (data.num_eval, data.eval_fraction, data.eval_split), "
+                          "or set train.eval_before_after: false")
+    train_rows = train_rows if train else []
+    model, tokenizer = load_model(cfg, dist, adapter)
+    rollout = make_engine(engine or cfg.rollout.engine, model, tokenizer, cfg, seed=cfg.train.seed, task=task)
+    render_rows(train_rows + eval_rows, prompt_renderer(cfg, tokenizer, task, rollout))
+    train_rows, eval_rows = filter_rows(train_rows, eval_rows, tokenizer, cfg.data)  # data.filter: before training
+    return TrainerParts(model, tokenizer, rollout, task, train_rows, eval_rows, reward_set(cfg, task),
+                        sampling_params(cfg, task))
 
 
 # --------------------------------------------------------------------------- the pieces of a run

@@ -5,24 +5,11 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from tinyrl import checkpoint, distributed
 from tinyrl.checkpoint import ResumeError
-from tinyrl.data import load_rows
-from tinyrl.methods.common import (
-    Summary,
-    error_text,
-    note_resume,
-    render_rows,
-    reward_set,
-    sampling_params,
-    write_summary,
-)
-from tinyrl.model import load_policy
-from tinyrl.rollout.engines import make_engine, prompt_renderer
+from tinyrl.methods.common import Summary, build_run, error_text, note_resume, write_summary
 from tinyrl.runs import Run, RunDir, truncate_jsonl
-from tinyrl.trainer import Trainer, TrainerParts
+from tinyrl.trainer import Trainer
 
 log = logging.getLogger("tinyrl")
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl", "alarms.jsonl")
@@ -34,17 +21,7 @@ def build(cfg, run: RunDir, resume: bool = False) -> Trainer:
         raise ResumeError(f"--resume {run.path}: no checkpoint in {run.ckpt_dir} to continue from "
                           f"(set train.save_every to checkpoint during a run)")
     dist = distributed.setup(cfg.dist.timeout_s)  # [dist] one process, or this rank of the launch
-    distributed.check_world(cfg.train.prompts_per_step, dist.world)  # [dist]
-    torch.manual_seed(cfg.train.seed)  # the LoRA init
-    model, tokenizer = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
-    if not getattr(model, "is_loaded_in_4bit", False):  # 4-bit weights are placed at load
-        model.to(dist.device)
-    dist.broadcast_params([p for p in model.parameters() if p.requires_grad])  # [dist] one adapter
-    train_rows, eval_rows, task = load_rows(cfg.data)
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg, seed=cfg.train.seed, task=task)
-    render_rows(train_rows + eval_rows, prompt_renderer(cfg, tokenizer, task, engine))
-    parts = TrainerParts(model, tokenizer, engine, task, train_rows, eval_rows, reward_set(cfg, task),
-                         sampling_params(cfg, task))
+    parts = build_run(cfg, dist)
     trainer = Trainer(cfg, run, parts, dist)
     if run.checkpoints():
         data = checkpoint.newest(run)
@@ -68,7 +45,8 @@ def summary(trainer: Trainer, result: Run | None, error: str | None) -> Summary:
                    dict(trainer.rewards.total_failures),
                    {"skipped_steps": st.skipped_steps, "no_signal_steps": st.no_signal_steps,
                     "config_patches": st.config_patches,
-                    **({"eval_sampled": st.eval_sampled} if st.eval_sampled else {})})  # pass@k, maj@k
+                    **({"eval_sampled": st.eval_sampled} if st.eval_sampled else {}),  # pass@k, maj@k
+                    **({"data_filter": f} if (f := getattr(trainer.prompts.rows, "filtered", None)) else {})})
 
 
 def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:

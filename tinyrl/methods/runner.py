@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 from tinyrl.config import Resolved
 from tinyrl.methods.common import open_run
 from tinyrl.methods.registry import CHAIN, METHODS
 from tinyrl.registry import load_object
-from tinyrl.runs import Run
+from tinyrl.runs import Run, RunDir
 from tinyrl.stop import StopSignals
+
+T = TypeVar("T")
 
 
 def runner(method: str):
@@ -22,12 +26,22 @@ def run_method(resolved: Resolved) -> Run:
     Ctrl-C or SIGTERM during start-up stopped (StopSignals: both raise KeyboardInterrupt until the
     trainer takes them over, so a start-up never dies of the signal's default action half done)."""
     with StopSignals():
-        folder = open_run(resolved)
-        try:
-            return runner(resolved.method)(resolved.cfg, folder, resume=resolved.resume is not None)
-        except BaseException:
-            if resolved.resume is None:
-                folder.discard()  # keeps a folder that holds any progress
-            raise
-        finally:
-            folder.unlock()
+        return in_folder(resolved, lambda folder: runner(resolved.method)(resolved.cfg, folder,
+                                                                          resume=resolved.resume is not None))
+
+
+def in_folder(resolved: Resolved, work: Callable[[RunDir], T], keep_lock: bool = False) -> T:
+    """`work(folder)` in the run's folder, opened once (common.open_run). On an error a fresh folder is
+    discarded (RunDir.discard keeps one that holds any progress) and unlocked; on success it is unlocked
+    unless `keep_lock` (a trainer handed to the caller, who unlocks it: tinyrl.api.build_trainer)."""
+    folder = open_run(resolved)
+    try:
+        out = work(folder)
+    except BaseException:
+        if resolved.resume is None:
+            folder.discard()
+        folder.unlock()
+        raise
+    if not keep_lock:
+        folder.unlock()
+    return out

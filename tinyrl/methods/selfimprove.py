@@ -56,13 +56,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
+from tinyrl import distributed
 from tinyrl.data import PromptSource
 from tinyrl.methods.common import (
     HeldOut,
     Summary,
     error_text,
+    load_model,
     read_summary,
     reward_set,
     sampling_params,
@@ -70,8 +70,8 @@ from tinyrl.methods.common import (
     write_summary,
 )
 from tinyrl.methods.sft_data import cap_per_prompt
-from tinyrl.methods.sft_trl import FitResult, fit, on_device, require_trl, save_adapter
-from tinyrl.model import load_policy, load_tokenizer, resolve_model
+from tinyrl.methods.sft_trl import FitResult, fit, require_trl, save_adapter
+from tinyrl.model import load_tokenizer, resolve_model
 from tinyrl.rewards.core import score_rollouts
 from tinyrl.rollout.engines import make_engine, prompt_renderer
 from tinyrl.runs import Run, RunDir, atomic_write_text, read_jsonl
@@ -120,6 +120,7 @@ class SelfImprove:
 
     def __init__(self, cfg, run: RunDir, rationalize: bool):
         self.cfg, self.run, self.rationalize = cfg, run, rationalize
+        self.dist = distributed.setup(cfg.dist.timeout_s)  # one process (config resolution refuses more)
         self.method = "star" if rationalize else "rest_em"
         self.tokenizer = load_tokenizer(resolve_model(cfg.model.name, cfg.model.gguf_file))
         self.train_rows, _, self.task = task_rows(cfg, self.tokenizer)  # rendered as the run's engine sees them
@@ -225,9 +226,7 @@ class SelfImprove:
     def m_step(self, folder: Path, kept: list[dict]):
         """Fine-tune the base on the kept rows (prompt = the original, rendered; never the hint)."""
         self._policy = None  # free the sampling model before loading a fresh base
-        torch.manual_seed(self.cfg.train.seed)  # the same LoRA init every iteration: the base
-        model, tok = load_policy(self.cfg.model, self.cfg.lora, adapter=self.cfg.model.adapter)
-        model = on_device(model)
+        model, tok = load_model(self.cfg, self.dist)  # the same LoRA init every iteration: the base
         rows = [{"rendered": r["rendered"], "completion": r["completion"]} for r in kept]
         if not rows:
             log.warning("%s: no completion was kept in %s; this iterate is the base", self.method, folder.parent.name)
@@ -246,9 +245,7 @@ class SelfImprove:
         key = adapter or "base"
         if self._policy is None or self._policy[0] != key:
             self._policy = None
-            torch.manual_seed(self.cfg.train.seed)
-            model, _ = load_policy(self.cfg.model, self.cfg.lora, adapter=adapter or self.cfg.model.adapter)
-            self._policy = (key, on_device(model))
+            self._policy = (key, load_model(self.cfg, self.dist, adapter)[0])
         return self._policy[1]
 
     def adapter_of(self, k: int) -> str | None:

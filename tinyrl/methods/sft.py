@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
+from tinyrl import distributed
 from tinyrl.errors import ConfigError
-from tinyrl.methods.common import HeldOut, Summary, error_text, read_summary, write_summary
+from tinyrl.methods.common import HeldOut, Summary, error_text, load_model, read_summary, write_summary
 from tinyrl.methods.sft_data import sft_rows
-from tinyrl.methods.sft_trl import fit, on_device, require_trl
-from tinyrl.model import load_policy
+from tinyrl.methods.sft_trl import fit, require_trl
 from tinyrl.runs import Run, RunDir
 
 log = logging.getLogger("tinyrl.sft")
@@ -35,9 +33,7 @@ def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
         raise ConfigError(f"sft.data: no rows to train on from {cfg.sft.data or 'the task'}"
                           + (f" with reward >= {cfg.sft.min_reward}" if cfg.sft.min_reward is not None else ""))
     before = read_summary(run_dir).get("eval_before")  # a resumed run keeps the figure it measured first
-    torch.manual_seed(cfg.train.seed)  # the LoRA init
-    model, tok = load_policy(cfg.model, cfg.lora, adapter=cfg.model.adapter)
-    model = on_device(model)
+    model, tok = load_model(cfg, distributed.setup(cfg.dist.timeout_s))
     held_out = HeldOut(cfg, tok)
     if before is None:
         before = held_out(model)

@@ -41,13 +41,6 @@ def require_trl():
 
 
 
-def on_device(model):
-    """The model on the GPU when there is one (4-bit models are placed at load)."""
-    if torch.cuda.is_available() and not getattr(model, "is_loaded_in_4bit", False):
-        model.to("cuda")
-    return model
-
-
 def trl_args(cfg, output_dir: Path, num_rows: int):
     """TRL's SFTConfig from tinyrl's sections: `sft` (its own switches) and `train`/`model`/`log`."""
     from trl import SFTConfig as TRLSFTConfig  # the sft extra: imported when SFT runs

@@ -23,7 +23,7 @@ import logging
 import sys
 import warnings
 
-from tinyrl.errors import ModelLoadError
+from tinyrl.errors import MissingExtra, ModelLoadError
 from tinyrl.registry import Registry
 
 log = logging.getLogger("tinyrl.model.quantize")
@@ -51,7 +51,7 @@ def import_torchao(name: str = "int8"):
     try:
         import torchao
     except ImportError as e:
-        raise ImportError(MISSING.format(name=name)) from e
+        raise MissingExtra(MISSING.format(name=name)) from e
     from packaging.version import Version
 
     v = Version(Version(torchao.__version__).base_version)

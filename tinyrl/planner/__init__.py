@@ -4,7 +4,7 @@
     plan = plan_config(cfg, "cuda", 24 * 2**30)
     plan.fits, plan.peak, plan.rows
 
-`tinyrl plan PRESET --gpu 4090` prints the same (tinyrl.planner.report). The planner is
+`tinyrl plan PRESET --gpu 4090` prints the same (tinyrl.plan_report, on the CLI side). The planner is
 integer arithmetic on the model's config.json (see memory.py for what each formula counts);
 it imports neither torch nor the model. docs/memory.md compares its figures with measurements.
 """

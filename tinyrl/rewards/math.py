@@ -28,6 +28,7 @@ import importlib.util
 import re
 from typing import Any
 
+from tinyrl.errors import MissingExtra
 from tinyrl.rewards.guards import (
     answer_blocks,
     completion_text,
@@ -156,7 +157,7 @@ def gold_answer(answer: Any) -> str:
 
 def _require_math_verify() -> None:
     if importlib.util.find_spec("math_verify") is None:
-        raise ImportError("math rewards need math-verify: pip install 'tinyrl-rlvr[math]'")
+        raise MissingExtra("math rewards need math-verify: pip install 'tinyrl-rlvr[math]'")
 
 
 def answers_equivalent(pairs: list[tuple[str, str]], timeout: float = 5.0) -> list[bool | None]:

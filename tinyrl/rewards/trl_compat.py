@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from tinyrl.errors import MissingExtra
+
 
 def to_chat(completions: list) -> list:
     """Strings become `[{"role": "assistant", "content": text}]`; chat messages stay as they are."""
@@ -45,7 +47,7 @@ def _trl_fn(name: str, args: tuple) -> Callable:
     try:
         import trl.rewards as trl_rewards  # noqa: PLC0415 (lazy: trl is optional)
     except ImportError as e:
-        raise ImportError("the 'trl' reward needs TRL: pip install trl") from e
+        raise MissingExtra("the 'trl' reward needs TRL: pip install trl") from e
     fn = getattr(trl_rewards, name)
     return fn(**dict(args)) if name.startswith("get_") else fn  # get_*: a factory that builds the reward
 

@@ -34,6 +34,7 @@ trajectory: `env_factory(row)` returns one already reset with `row`; the loop ca
 
 from __future__ import annotations
 
+import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -42,8 +43,8 @@ from tinyrl.agents.environments import build_agent
 from tinyrl.agents.prompts import render_agent_prompt
 from tinyrl.agents.tools import ToolResult
 from tinyrl.rollout.base import Rollouts, SamplingParams, pack_rollouts
+from tinyrl.rollout.engine import Episodes
 from tinyrl.rollout.episodes import EpisodeRunner, Trajectory
-from tinyrl.rollout.session import session_of
 
 
 class AgentEngine:
@@ -79,13 +80,31 @@ class AgentEngine:
         if getattr(self.cfg, "streaming", False):
             groups = [trajs[i * n:(i + 1) * n] for i in range(len(prompts))]
             streams = [None if params.stream is None else params.stream + i for i in range(len(prompts))]
-            with session_of(self.inner, turn_params, greedy) as session:
+            with self.inner.session(turn_params, greedy) as session:
                 EpisodeRunner(self, budget, self.workers).run(session, groups, streams)
         else:
             self._turn_synchronous(trajs, n, turn_params, budget, greedy)
         batch = self.pack(trajs, [i // n for i in range(len(trajs))], [prompts[i // n] for i in range(len(trajs))])
         batch.versions = None  # one call, one adapter: every token is the current policy's
         return batch
+
+    def sample(self, contexts, params: SamplingParams, n: int = 1, greedy: bool = False, max_new=None):
+        """Plain continuations, no tools: the inner engine's (what a turn of an episode is drawn with)."""
+        return self.inner.sample(contexts, params, n=n, greedy=greedy, max_new=max_new)
+
+    def session(self, params: SamplingParams, greedy: bool = False):
+        """The inner engine's decode session: the turns of episodes are decoded there (see `episodes`)."""
+        return self.inner.session(params, greedy)
+
+    def episodes(self, params: SamplingParams) -> Episodes:
+        """Tool episodes: this agent's turn rules, turns decoded by the inner engine, stopping at the tags."""
+        return Episodes(self, self.inner, self.turn_params(params))
+
+    def bound_to(self, model) -> "AgentEngine":
+        """The same agent (format, tools, environments) over the inner engine bound to `model`."""
+        out = copy.copy(self)
+        out.inner = self.inner.bound_to(model)
+        return out
 
     def turn_params(self, params: SamplingParams) -> SamplingParams:
         """A model turn's sampling: it also stops at the format's tool-call and answer end tags."""

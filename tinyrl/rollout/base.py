@@ -1,4 +1,4 @@
-"""The one data type that travels between phases, and the rollout-engine interface.
+"""The one data type that travels between phases (the engine interface: tinyrl.rollout.engine).
 
 Every engine returns a `Rollouts` for B prompts x G samples; rewards, advantages and the
 policy update read and fill its fields. Shapes use N = B*G rows, P = prompt length
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -221,28 +221,3 @@ def pad_to(t: torch.Tensor, width: int, left: bool, dim: int = 1) -> torch.Tenso
     shape[dim] = extra
     pad = t.new_zeros(shape)
     return torch.cat([pad, t] if left else [t, pad], dim=dim)
-
-
-class RolloutEngine(Protocol):
-    """What the trainer, the evaluation and the checkpoints need from a generator. Engines own all
-    of their internals; nothing else of an engine is read from outside it."""
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams,
-                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
-        """n samples of each prompt (prompt-major rows), or the greedy completion when `greedy`."""
-
-    def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
-               max_new: list[int] | None = None) -> list[list[Sample]]:
-        """n continuations of each token-id context (the multi-turn agent builds on this); `max_new[i]`
-        caps context i's new tokens (default params.max_new_tokens)."""
-
-    def release(self) -> None:
-        """Free generation memory (KV cache) before the update phase; weights stay."""
-
-    def sync(self, model) -> None:
-        """Make the engine sample from the current trained weights (LoRA adapter only)."""
-
-    def state_dict(self) -> dict:
-        """The sampling RNG position (saved in checkpoints, so a resumed run draws the same samples)."""
-
-    def load_state_dict(self, state: dict) -> None: ...

@@ -40,11 +40,12 @@ from typing import Any
 import torch
 
 from tinyrl.model.forward import cache_kwarg, lm_head_of, merged_lora_linears, output_projection, prompt_cache, trunk_of
-from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, StopStrings, generate_from_text, pad_to, stream_seed
+from tinyrl.rollout.base import Sample, SamplingParams, StopStrings, pad_to, stream_seed
 from tinyrl.rollout.decode_step import DecodeStep
+from tinyrl.rollout.engine import SamplingEngine
 
 
-class HFEngine:
+class HFEngine(SamplingEngine):
     """Generate with the (peft) training model; `sync` is a no-op: it *is* the trained model."""
 
     def __init__(self, model, tokenizer, seed: int = 0):
@@ -52,10 +53,6 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.seed = seed
         self.calls = 0  # sampling seed position; saved in checkpoints
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams,
-                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
-        return generate_from_text(self, prompts, n, params, columns, greedy)
 
     @torch.no_grad()
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,
@@ -92,6 +89,12 @@ class HFEngine:
 
     def sync(self, model) -> None:
         self.model = model
+
+    def bound_to(self, model) -> "HFEngine":
+        """This engine over `model` (another copy of the policy), at the same sampling position."""
+        out = HFEngine(model, self.tokenizer, seed=self.seed)
+        out.calls = self.calls
+        return out
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "calls": self.calls}

@@ -5,10 +5,11 @@ while others are mid-decode (a multi-turn episode whose tool call returned joins
 and stop everything at any step (`pause`: a partial rollout, continued later from its context plus
 the tokens so far). Engines with their own decode loop or request queue offer `session(params,
 greedy)` (`HFEngine`, `VLLMEngine`); `CallSession` gives any engine with only `sample` the same
-interface, a `sample` call per step over what was queued (rows cannot join mid-call). `QueueSession`
+interface, a `sample` call per step over what was queued (rows cannot join mid-call): it is the default
+`session` of `tinyrl.rollout.engine.SamplingEngine`. `QueueSession`
 is the session of an engine with a request queue (vLLM: `submit`, `poll`, `abort`).
 
-    with session_of(engine, params) as s:
+    with engine.session(params) as s:
         s.add("episode-3", context, max_new=64, n=4, stream=3)
         while len(s):
             for key, j, sample in s.step(): ...   # rows that finished at this step
@@ -16,9 +17,8 @@ is the session of an engine with a request queue (vLLM: `submit`, `poll`, `abort
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from tinyrl.rollout.base import Sample, SamplingParams, stream_seed
 
@@ -39,14 +39,6 @@ class DecodeSession(Protocol):
 
     def __len__(self) -> int:
         """Rows live or queued."""
-
-
-def session_of(engine, params: SamplingParams, greedy: bool = False) -> ContextManager[DecodeSession]:
-    """`engine.session(params, greedy)` where the engine has one, else a `CallSession` over its `sample`."""
-    own = getattr(engine, "session", None)
-    if own is not None:
-        return own(params, greedy)
-    return contextlib.nullcontext(CallSession(engine, params, greedy))
 
 
 class CallSession:

@@ -26,3 +26,7 @@ class StaleEngine(HFEngine):
 
     def sync(self, model) -> None:
         """The bug on purpose: the trained weights never reach the engine."""
+
+    def bound_to(self, model):
+        raise NotImplementedError("the stale engine never follows the policy (config resolution refuses "
+                                  "rollout.overlap with it)")

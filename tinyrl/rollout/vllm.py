@@ -38,10 +38,12 @@ from pathlib import Path
 
 import torch
 
+from tinyrl.errors import MissingExtra
 from tinyrl.model import dtype_name, resolve_model
 from tinyrl.model.quantize import inner_tensors, is_quantized, quantized_bytes, vllm_quantization
 from tinyrl.planner import vllm_settings
-from tinyrl.rollout.base import Rollouts, Sample, SamplingParams, generate_from_text, stream_seed
+from tinyrl.rollout.base import Sample, SamplingParams, stream_seed
+from tinyrl.rollout.engine import SamplingEngine
 from tinyrl.rollout.session import QueueSession
 
 _REQUESTS = itertools.count()  # session request ids, unique in the process (vLLM's are counted from 0)
@@ -70,7 +72,7 @@ def import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(MISSING) from e
+        raise MissingExtra(MISSING) from e
     from packaging.version import Version
 
     v = Version(vllm.__version__)
@@ -112,7 +114,7 @@ class ShareReport:
         return out + "".join(f"\n  {n} x {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
-class VLLMEngine:
+class VLLMEngine(SamplingEngine):
     """Generate with an in-process vLLM `LLM`; the trainer's LoRA adapter reaches it on `sync`."""
 
     def __init__(self, llm, tokenizer, seed: int = 0, model=None):
@@ -169,11 +171,8 @@ class VLLMEngine:
         engine.sync(model)
         return engine
 
-    # ------------------------------------------------------------------ the RolloutEngine interface
-
-    def generate(self, prompts: list[str], n: int, params: SamplingParams,
-                 columns: list[dict] | None = None, greedy: bool = False) -> Rollouts:
-        return generate_from_text(self, prompts, n, params, columns, greedy)
+    # ------------------------------------------------------------------ the RolloutEngine interface (generate,
+    # episodes: tinyrl.rollout.engine.SamplingEngine's)
 
     @torch.no_grad()
     def sample(self, contexts: list[list[int]], params: SamplingParams, n: int = 1, greedy: bool = False,

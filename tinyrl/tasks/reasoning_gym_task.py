@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 
+from tinyrl.errors import MissingExtra
 from tinyrl.rewards.guards import answer_blocks
 from tinyrl.rewards.math import extract_answer as final_answer
 from tinyrl.tasks.base import Task
@@ -40,7 +41,7 @@ def _rg():
     try:
         import reasoning_gym  # noqa: PLC0415 (lazy: an optional extra, slow to import)
     except ImportError as e:
-        raise ImportError("the reasoning_gym task needs reasoning-gym: pip install 'tinyrl-rlvr[gym]'") from e
+        raise MissingExtra("the reasoning_gym task needs reasoning-gym: pip install 'tinyrl-rlvr[gym]'") from e
     return reasoning_gym
 
 

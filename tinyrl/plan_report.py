@@ -1,5 +1,8 @@
 """`tinyrl plan PRESET [--gpu NAME | --gpu-mem 24GB] [--profile NAME] [overrides]`: print a plan.
 
+It resolves a config and asks the planner (tinyrl.planner, which the config itself uses to decide its
+`auto` settings), so it sits on the entry points' side, above both.
+
 The launch form of the UI (tinyrl/apps/forms.py) shows the same text, made by the same functions."""
 
 from __future__ import annotations
