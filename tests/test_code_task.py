@@ -264,7 +264,7 @@ def test_a_tiny_run_writes_sandbox_counts_to_metrics_and_reports_pass_at_k(tmp_p
 
 
 def test_the_gpu_preset_validates_and_plans():
-    from tinyrl.planner.report import run as plan
+    from tinyrl.plan_report import run as plan
 
     name = "qwen2.5-coder-1.5b-instruct_code_gpu"
     _, cfg = load_config(name, profile="24gb")
@@ -276,3 +276,116 @@ def test_the_gpu_preset_validates_and_plans():
     for profile in ("16gb", "24gb"):
         p, _ = plan(name, [], profile=profile, search=False)
         assert p.fits and 5 * 2**30 < p.peak < 16 * 2**30, (profile, p.peak / 2**30)
+
+
+# ----------------------------------------------------------------------------- malformed rows and task args (issue 49)
+
+ROW = {"task_id": 7, "text": "Add one.", "test_list": ["assert add_1(1) == 2"]}
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("test_list_int.jsonl", [{**ROW, "test_list": 5}], r"row 0 of the training rows \(task_id 7\): 'test_list' must be a list"),
+    ("test_list_ints.jsonl", [{**ROW, "test_list": [1, 2]}], r"'test_list' must be a list of strings"),
+    ("imports.jsonl", [{**ROW, "test_imports": 5}], r"\(task_id 7\): 'test_imports' must be a list of strings"),
+    ("io_list.jsonl", [{"problem_id": 3, "question": "q", "input_output": "[1, 2]"}],
+     r"row 0 of the training rows \(task_id 3\): 'input_output' must be \{\"inputs\""),
+    ("io_text.jsonl", [{"problem_id": 3, "question": "q", "input_output": "{nope"}], r"'input_output' is not valid JSON"),
+    ("io_fn.jsonl", [{"problem_id": 3, "question": "q", "input_output": '{"fn_name": "f", "inputs": [[1]], "outputs": [2]}'}],
+     r"call-based APPS rows \(fn_name\) are not supported"),
+    ("io_str.jsonl", [{"problem_id": 3, "question": "q", "inputs": "abc", "outputs": "cba"}],
+     r"'inputs/outputs': its stdin/stdout cases need as many inputs as outputs"),
+    ("test_int.jsonl", [{**{k: v for k, v in ROW.items() if k != "test_list"}, "test": 5}], r"'test' must be a string"),
+    ("entry.jsonl", [{**ROW, "entry_point": ["add_1"]}], r"'entry_point' must be a string"),
+    ("rows5.json", {"rows": 5}, r"bad.json|must hold a list of rows .*got int 5"),
+    ("strings.json", ["a", "b"], r"row 0 must be an object of the row's columns, got str 'a'"),
+    ("number.json", 5, r"must hold a list of rows"),
+    ("empty.jsonl", [], r"no rows"),
+])
+def test_a_malformed_row_is_one_clear_error_naming_the_row_and_the_field(tmp_path, name, content, says):
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        write_jsonl(path, content)
+    else:
+        path.write_text(json.dumps(content))
+    cfg = load_config(None, {"data.task": "code", "data.task_args": {"path": str(path)}})[1]
+    with pytest.raises(ConfigError, match=says):
+        load_rows(cfg.data)
+
+
+def test_a_line_that_is_not_json_and_a_fifo_are_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(ROW) + "\n{not json\n")
+    with pytest.raises(ConfigError, match=r"rows.jsonl, line 2: not valid JSON"):
+        TASK.build(2, 2, 0, path=str(path))
+    fifo = tmp_path / "fifo.jsonl"
+    import os
+
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file or a folder"):  # never a read that blocks
+        TASK.build(2, 2, 0, path=str(fifo))
+
+
+def test_a_malformed_code_dataset_exits_2_from_the_cli_and_writes_nothing(tmp_path, capsys):
+    from tinyrl.cli import main
+
+    (tmp_path / "bad.json").write_text(json.dumps({"rows": 5}))
+    rc = main(["train", "model.name=tiny-arith", "train.steps=1", "log.progress=false", "data.task=code",
+               f"data.task_args.path={tmp_path / 'bad.json'}", f"log.run_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "must hold a list of rows" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_test_list_given_as_one_string_is_one_test(tmp_path):
+    """Not one test per character: the string is the test code (it may hold several statements)."""
+    path = write_jsonl(tmp_path / "one.jsonl", [{**ROW, "test_list": "assert add_1(1) == 2\nassert add_1(5) == 6"}])
+    (row,) = TASK.build(5, 0, 0, path=str(path), eval_fraction=0.0, **FAST)[0]
+    assert row["tests"] == ["assert add_1(1) == 2\nassert add_1(5) == 6"] and row["entry_point"] == "add_1"
+    assert score([row] * 2, [fenced(ADD), fenced("def add_1(x):\n    return 2\n")])[0] == [1.0, 0.5]
+
+
+def test_rows_whose_tests_cannot_run_are_named_once_and_left_out(tmp_path, caplog):
+    rows = [{**ROW, "task_id": 10 + k, "test_list": [f"assert add_1({k}) == {k + 1}"]} for k in range(4)]
+    rows[1]["test_list"] = ["assert add_1(1 == 2"]  # a syntax error
+    rows[3]["test_list"] = ["x = 1"]  # nothing asserted: every sample would score 0
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    with caplog.at_level("WARNING", logger="tinyrl.tasks.code"):
+        train, _ = TASK.build(10, 0, 0, path=str(path), eval_fraction=0.0)
+    assert sorted(r["task_id"] for r in train) == ["10", "12"]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "2 of 4 training rows have tests the grader cannot run" in warning
+    assert "row 1 (task_id 11): SyntaxError" in warning and "row 3 (task_id 13): no check" in warning
+    write_jsonl(path, [rows[1]])
+    with pytest.raises(ConfigError, match="no training row has tests the grader can run"):
+        TASK.build(10, 0, 0, path=str(path), eval_fraction=0.0)
+
+
+@pytest.mark.parametrize("args, says", [
+    ({"memory_mb": 0}, r"data.task_args.memory_mb: must be an integer from 64 to 65536 \(MiB\), got 0"),
+    ({"memory_mb": "lots"}, r"data.task_args.memory_mb: must be an integer .* got 'lots'"),
+    ({"memory_mb": 10**12}, r"data.task_args.memory_mb: must be an integer from 64 to 65536"),
+    ({"memory_mb": 512.5}, r"data.task_args.memory_mb: must be an integer"),
+    ({"wall_s": -1}, r"data.task_args.wall_s: must be a number from 0.1 to 3600.0 \(seconds\), got -1"),
+    ({"wall_s": float("nan")}, r"data.task_args.wall_s: must be a number"),
+    ({"cpu_s": 1e9}, r"data.task_args.cpu_s: must be a number from 0.1 to 3600.0"),
+    ({"cpu_s": True}, r"data.task_args.cpu_s: must be a number"),
+    ({"weak_isolation": "yes"}, r"data.task_args.weak_isolation: must be true or false"),
+    ({"eval_fraction": "0.1"}, r"data.task_args.eval_fraction: must be in \[0, 1\)"),
+    ({"split": ""}, r"data.task_args.split: must be a non-empty string"),
+    ({"path": 5}, r"data.task_args.path: must be a non-empty string or null"),
+    ({"prompt": "{text.__class__.__mro__}"}, r"data.task_args.prompt: unknown field 'text.__class__.__mro__'"),
+    ({"prompt": "{text:>2000000000}"}, r"data.task_args.prompt: '\{text:>2000000000\}' is not allowed"),
+    ({"prompt": "{text[0]}"}, r"data.task_args.prompt: unknown field 'text\[0\]'"),
+    ({"prompt": "{text!r}"}, r"data.task_args.prompt: '\{text!r\}' is not allowed"),
+    ({"prompt": "{text"}, r"data.task_args.prompt: not a valid format string"),
+    ({"timeout": 3}, r"data.task_args: the code task does not take \['timeout'\]; it takes \['path'"),
+])
+def test_bad_task_args_are_refused_before_anything_runs_naming_the_setting_and_its_range(tmp_path, args, says):
+    from tinyrl.tasks.code import check_args
+
+    with pytest.raises(ConfigError, match=says):
+        check_args(args)
+    if "timeout" not in args:  # build checks them too, before reading any data
+        with pytest.raises(ConfigError, match=says):
+            TASK.build(2, 2, 0, **{"path": str(tmp_path / "never-read.jsonl"), **args})
+    check_args({"memory_mb": 64, "wall_s": 0.5, "cpu_s": 3600, "prompt": "{text} {{literal}} {example}"})  # in range

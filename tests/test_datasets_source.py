@@ -218,7 +218,7 @@ def test_rows_split_seeded_and_disjoint_and_the_verifier_reads_gold(tmp_path):
 def test_no_held_out_rows_when_num_eval_is_zero(tmp_path):
     f = write_jsonl(tmp_path / "d.jsonl", ROWS)
     train, held, _ = load_rows(data_cfg(**{"data.dataset": str(f), "data.columns": {"prompt": "question"},
-                                           "data.num_eval": 0}))
+                                           "data.num_eval": 0, "train.eval_before_after": False}))
     assert len(train) == len(ROWS) and held == []
 
 
@@ -233,7 +233,8 @@ def test_no_held_out_rows_when_num_eval_is_zero(tmp_path):
 def test_answer_extractors(tmp_path, extractor, answer, gold):
     f = write_jsonl(tmp_path / "d.jsonl", [{"problem": "q", "solution": answer}] * 5)
     train, _, task = load_rows(data_cfg(**{"data.dataset": str(f), "data.columns": {"prompt": "problem"},
-                                           "data.answer_extractor": extractor, "data.num_eval": 0}))
+                                           "data.answer_extractor": extractor, "data.num_eval": 0,
+                                           "train.eval_before_after": False}))
     assert train[0]["gold"] == gold and train[0]["answer"] == gold  # `answer` added for the math_* rewards
     assert task.is_correct(f"The answer is \\boxed{{{gold}}}", train[0])
 

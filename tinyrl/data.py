@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from tinyrl.distributed import shard
 from tinyrl.errors import ConfigError
 from tinyrl.tasks import get_task
 from tinyrl.tasks.dataset import dataset_rows
+from tinyrl.tasks.mix import mix_rows
+
+log = logging.getLogger("tinyrl.data")
 
 
 def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
@@ -59,7 +63,7 @@ def read_jsonl_rows(path: str, prompt_column: str = "prompt") -> list[dict]:
 def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
     """(train rows, held-out rows, task or None). Rows are dicts with a 'prompt' column."""
     if cfg_data.task == "dataset":
-        return dataset_rows(cfg_data)
+        return mix_rows(cfg_data) if cfg_data.mix else dataset_rows(cfg_data)
     if cfg_data.task == "jsonl":
         rows = read_jsonl_rows(cfg_data.path, cfg_data.prompt_column)
         rng = random.Random(cfg_data.seed)
@@ -79,6 +83,35 @@ def load_rows(cfg_data) -> tuple[list[dict], list[dict], object | None]:
     except ValueError as e:  # the task cannot give what was asked (e.g. more held-out rows than it has)
         raise ConfigError(f"data (task {cfg_data.task!r}): {e}") from None
     return train, held_out, task
+
+
+class Rows(list):
+    """Rows that remember what `data.filter` dropped on the way (`filtered`: summary.json's details.data_filter)."""
+
+    filtered: dict | None = None
+
+
+def filter_rows(train: list[dict], held_out: list[dict], tokenizer, cfg_data) -> tuple[Rows, list[dict]]:
+    """`data.filter` over rows already `rendered` (the prompt as the engine reads it): rows whose prompt has more
+    than max_prompt_tokens tokens are dropped, train and held-out alike; each count is logged, and kept in the
+    train rows' `filtered`. ConfigError naming the field when no training row is left."""
+    limit = cfg_data.filter.max_prompt_tokens
+    if limit is None:
+        return Rows(train), held_out
+    report, kept = {"max_prompt_tokens": limit}, []
+    for name, rows in (("train", train), ("held_out", held_out)):
+        lengths = [len(ids) for ids in tokenizer([r["rendered"] for r in rows], add_special_tokens=False)["input_ids"]] \
+            if rows else []
+        kept.append([r for r, n in zip(rows, lengths) if n <= limit])
+        report[f"{name}_dropped"], report[f"{name}_kept"] = len(rows) - len(kept[-1]), len(kept[-1])
+        if rows and not kept[-1] and name == "train":
+            raise ConfigError(f"data.filter.max_prompt_tokens: {limit} drops every training row (the shortest prompt "
+                              f"has {min(lengths)} tokens); raise it, or set it to null")
+    log.info("data.filter: max_prompt_tokens %d dropped %d of %d training rows and %d of %d held-out rows", limit,
+             report["train_dropped"], len(train), report["held_out_dropped"], len(held_out))
+    out = Rows(kept[0])
+    out.filtered = report
+    return out, kept[1]
 
 
 def render_prompt(tokenizer, text: str, cfg_data) -> str:

@@ -10,6 +10,9 @@
   loads from the local caches: the `datasets` cache of an earlier run, else the hub cache that
   `hf download <id> --repo-type dataset` fills.
 
+`data.split` / `data.eval_split` name a split or `datasets`' slices of splits (`train[:10%]`, `train[10:20]`,
+`train[:50%]+test[:10]`): `select_split` applies them with `datasets.ReadInstruction`.
+
 Every failure is a ConfigError that names the field (`data.dataset`, `data.config`, `data.split`)
 and what exists instead. `datasets` is optional: `pip install 'tinyrl-rlvr[data]'`.
 """
@@ -65,12 +68,35 @@ def load_splits(source: str, config: str | None, splits: list[str] | None, field
         loaded = {"train": loaded}
     if splits is None:
         return dict(loaded)
-    out = {}
-    for split, name in zip(splits, _split_fields(field, len(splits))):
-        if split not in loaded:
-            raise ConfigError(f"{name}: {source!r} has no split {split!r}; its splits: {sorted(loaded)}")
-        out[split] = loaded[split]
-    return out
+    return {spec: select_split(datasets, loaded, spec, name, source)
+            for spec, name in zip(splits, _split_fields(field, len(splits)))}
+
+
+def select_split(datasets, loaded: dict, spec: str, field: str, source: str):
+    """The rows `spec` names of the `loaded` splits: a split (`train`) or `datasets`' slices of splits
+    (`train[:10%]`, `train[10:20]`, `train[:50%]+test[:10]`), read by `datasets.ReadInstruction` itself.
+    ConfigError naming `field` for an unknown split, a bad slice, or a slice that selects no row here."""
+    if spec in loaded:
+        return loaded[spec]
+    try:
+        parts = datasets.ReadInstruction.from_spec(spec).to_absolute({k: len(v) for k, v in loaded.items()})
+    except (ValueError, AssertionError, KeyError) as e:
+        unknown = "Unknown split" in str(e)
+        raise ConfigError(f"{field}: {source!r} has no split named in {spec!r}; its splits: {sorted(loaded)}" if unknown
+                          else f"{field}: {spec!r} is not a slice of {source!r}'s splits ({e})") from None
+    picked = []
+    for a in parts:
+        n = len(loaded[a.splitname])
+        if a.to <= a.from_:
+            raise ConfigError(f"{field}: {spec!r} selects no rows of split {a.splitname!r} ({n} rows: "
+                              f"from {a.from_} to {a.to})")
+        picked.append(loaded[a.splitname].select(range(a.from_, a.to)))
+    if len(picked) == 1:
+        return picked[0]
+    try:
+        return datasets.concatenate_datasets(picked)
+    except ValueError as e:  # splits whose columns or types differ
+        raise ConfigError(f"{field}: {spec!r} joins splits of {source!r} whose columns differ ({e})") from None
 
 
 def _split_fields(field: str, n: int) -> list[str]:
@@ -82,6 +108,11 @@ def _load(datasets, source: str, config: str | None, field: str):
     if looks_local(source):
         if not path.exists():
             raise ConfigError(f"{field}.dataset: file or folder not found: {source} (a hub id is 'owner/name')")
+        if not (path.is_file() or path.is_dir()):
+            raise ConfigError(f"{field}.dataset: {source} is not a regular file or folder (a pipe, a device or a "
+                              f"socket would be read forever)")
+        if path.is_file() and path.stat().st_size == 0:
+            raise ConfigError(f"{field}.dataset: {source} is empty (0 bytes): no rows to read")
         if path.is_file():
             builder = FILE_BUILDERS.get(path.suffix.lower())
             if builder is None:

@@ -108,12 +108,22 @@ def accuracy(engine, rows: list[dict], task, params: SamplingParams, batch_size:
     return evaluate_rows(engine, rows, task, params, batch_size).accuracy
 
 
+MAX_SAMPLES = 1024  # completions per prompt of a sampled evaluation (train.eval_samples has the same bound)
+
+
 def check_k(samples: int, k: list[int] | None, where: str = "--samples") -> list[int]:
     """The k to report, sorted (default: 1, 2, 4, ... up to `samples`); a k above `samples` is a
     ConfigError naming `where` (the field or flag that sets the samples)."""
+    if isinstance(samples, bool) or not isinstance(samples, int):
+        raise ConfigError(f"{where}: a whole number of completions per prompt, got {samples!r:.40}")
     if samples < 1:
         raise ConfigError(f"{where}: k and temperature are for pass@k / maj@k, which need {where} N >= 1 "
                           f"completions per prompt, got {samples}")
+    if samples > MAX_SAMPLES:
+        raise ConfigError(f"{where}: at most {MAX_SAMPLES} completions per prompt, got {samples}")
+    if k is not None and (not isinstance(k, (list, tuple)) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in k)):
+        raise ConfigError(f"k: a list of whole numbers (the k of pass@k / maj@k), got {k!r:.60}")
     ks = sorted(set(k)) if k else default_k(samples)
     if ks[0] < 1:
         raise ConfigError(f"k: every k of pass@k / maj@k must be >= 1, got {ks[0]}")

@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from tinyrl.errors import ConfigError
 from tinyrl.runs import atomic_write_text, read_jsonl
 
 # (metrics.jsonl key, label) rows of the summary table; absent keys are left out
@@ -219,6 +220,9 @@ def write_report(run_dir) -> str:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"tinyrl report: {run_dir} is not a run folder")
+    if not any((run_dir / f).is_file() for f in ("config.yaml", "metrics.jsonl", "summary.json")):
+        raise ConfigError(f"RUN_DIR {run_dir}: not a tinyrl run folder (no config.yaml, metrics.jsonl or "
+                          f"summary.json); nothing is written into it")
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
     alarms = read_jsonl(run_dir / "alarms.jsonl")
     summary_path = run_dir / "summary.json"

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox use
 
 FAST = Limits(cpu_s=1, wall_s=3, memory_mb=256, nproc=4)
 LOOP = Limits(cpu_s=1, wall_s=1.2, memory_mb=256, nproc=4)  # for code that never ends
+WEAKEST = {"namespaces": False, "landlock": False, "chroot": False, "weak_isolation": True}  # rlimits, uid, seccomp
 TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, 20) == 30"]
 GOOD = "def add(a, b):\n    return a + b\n"
 
@@ -268,16 +269,17 @@ def test_patching_the_interpreter_does_not_pass_a_check(attack, tests):
                "else [2 * v for v in x]\n", tests).score == 1.0  # the same checks pass honest code
 
 
-def test_without_a_mount_namespace_it_refuses_unless_weak_isolation_is_allowed(caplog):
-    """The fallback would let the code read the host's world-readable files and write its world-writable
-    folders: by default nothing runs there (status "error": the sample is excluded, not scored 0) and a
-    warning names the opt-in."""
+def test_with_no_file_layer_at_all_it_refuses_unless_weak_isolation_is_allowed(caplog):
+    """No mount namespace, no Landlock and no chroot (all three forced off here; a host without namespaces
+    otherwise gets Landlock or a chroot: tests/rewards/test_sandbox_fallback.py): the code would read the
+    host's world-readable files and write its world-writable folders, so by default nothing runs (status
+    "error": the sample is excluded, not scored 0) and a warning names the opt-in."""
     with caplog.at_level("WARNING", logger="tinyrl.rewards.sandbox"):
-        r = run_tests(GOOD, TESTS, limits=FAST, namespaces=False)
-    assert r.status == "error" and r.score == 0.0 and r.load_error.startswith("refused: no mount namespace")
-    assert "weak_isolation" in r.load_error and not r.output
+        r = run_tests(GOOD, TESTS, limits=FAST, namespaces=False, landlock=False, chroot=False)
+    assert r.status == "error" and r.score == 0.0 and r.load_error.startswith("refused: no mount namespace, no Landlock")
+    assert "weak_isolation" in r.load_error and not r.output and r.isolation["fs"] == "none"
     if os.geteuid() == 0:  # as root the fallback still has a uid of its own: allowed, it runs
-        assert run(GOOD, namespaces=False, weak_isolation=True).score == 1.0
+        assert run(GOOD, **WEAKEST).score == 1.0
 
 
 def test_huge_output():
@@ -341,12 +343,12 @@ assert any(made), "no SysV IPC object could be made"
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "fallback"])
 def test_sysv_ipc_does_not_reach_the_host(namespaces):
     """Shared memory, message queues and semaphores made in the sandbox never exist on the host
-    (IPC namespace; without one, the seccomp filter refuses the calls)."""
+    (IPC namespace; without one, and without Landlock or a chroot, the seccomp filter refuses the calls)."""
     if not namespaces and os.geteuid() != 0:
         pytest.skip("without namespaces only root can give the code its own uid")
     before = host_ipc_keys()
     try:
-        r = run(IPC_ATTACK + GOOD, namespaces=namespaces, weak_isolation=not namespaces)
+        r = run(IPC_ATTACK + GOOD, **({} if namespaces else WEAKEST))
         leaked = {k for k in host_ipc_keys() - before if k[1] == IPC_KEY}
         assert leaked == set(), f"the sandbox left SysV IPC objects on the host: {leaked} ({r})"
         if namespaces and r.isolation.get("mount"):
@@ -422,7 +424,7 @@ def test_unix_sockets_on_the_host_are_unreachable(host_sockets, namespaces):
     paths, socks = host_sockets
     assert paths
     code = SOCKET_ATTACK.replace("PATHS", repr(paths)) + GOOD
-    r = run(code, namespaces=namespaces, weak_isolation=not namespaces)
+    r = run(code, **({} if namespaces else WEAKEST))
     assert_zero(r, "load_error")
     if r.isolation.get("mount"):  # hidden (/run, /dev, /tmp) or covered by /dev/null (/var/tmp): no socket left to find
         assert r.output.splitlines()[0] == "[]", r.output
@@ -464,14 +466,14 @@ def test_without_namespaces_limits_and_uid_still_hold(host_files):
     tmp_path, victim, secret = host_files
     daemon = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
               "print(os.getcwd())\n" + GOOD)
-    r = run(daemon, namespaces=False, weak_isolation=True)  # run() checks that no process of the uid is left
+    r = run(daemon, **WEAKEST)  # run() checks that no process of the uid is left
     assert r.score == 1.0 and not any(r.isolation[k] for k in ("net", "mount", "pid"))
     assert r.output.strip().startswith(tempfile.gettempdir()) and not os.path.exists(r.output.strip())
     for attack in (f"open({str(victim)!r}, 'w').write('pwned')\n", f"open({str(secret)!r}).read()\n",
                    "import os\nos.kill(1, 9)\n"):
-        assert_zero(run(attack + GOOD, namespaces=False, weak_isolation=True), "load_error")
+        assert_zero(run(attack + GOOD, **WEAKEST), "load_error")
     assert_zero(run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-                    limits=LOOP, namespaces=False, weak_isolation=True))
+                    limits=LOOP, **WEAKEST))
 
 
 # --- the reward -------------------------------------------------------------------------------
@@ -483,24 +485,32 @@ def test_extract_code():
     assert extract_code("def f(): pass", fenced_only=False) == "def f(): pass"
 
 
-def test_code_tests_reward():
+def test_code_tests_reward(caplog):
     completions = [f"```python\n{GOOD}```", "```python\ndef add(a, b):\n    return a * b\n```", "no code",
                    "```python\nimport os\nos._exit(0)\n```"]
     rows = [TESTS] * 4
     assert code_tests_reward(["Write add."] * 4, completions, tests=rows, cpu_s=1, wall_s=3) == [1.0, 0.0, 0.0, 0.0]
     assert code_tests_reward(["p"], [completions[0]], tests=[TESTS[:2] + ["assert add(1, 1) == 3"]],
                              partial=False) == [0.0]
-    # the grader's own tests do not parse: that sample is excluded (None), not blamed on the model
-    assert code_tests_reward(["p"] * 2, [completions[0]] * 2, tests=[["assert add(1,"], TESTS]) == [None, 1.0]
+    # the grader's own tests do not parse: that sample is excluded (None), not blamed on the model, and the
+    # tests are named in one warning however many samples they have
+    bad = ["assert add(1, 1) == 2", "assert add(1,"]
+    with caplog.at_level("WARNING", logger="tinyrl.rewards.code"):
+        assert code_tests_reward(["p"] * 3, [completions[0]] * 3, tests=[bad, TESTS, bad]) == [None, 1.0, None]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "tinyrl.rewards.code"]
+    assert "the tests starting 'assert add(1, 1) == 2' cannot be read (SyntaxError" in warning
 
 
 UNPRIVILEGED = r'''
 import importlib.util, json, os, sys
 # the sandbox modules by path (this Python has no torch, so not the tinyrl package)
-checks_spec = importlib.util.spec_from_file_location(
-    "tinyrl.rewards.sandbox_checks", os.path.join(os.path.dirname(sys.argv[1]), "sandbox_checks.py"))
-sys.modules[checks_spec.name] = importlib.util.module_from_spec(checks_spec)
-checks_spec.loader.exec_module(sys.modules[checks_spec.name])
+here = os.path.dirname(sys.argv[1])
+for name, path in (("tinyrl.errors", os.path.join(os.path.dirname(here), "errors.py")),
+                   ("tinyrl.rewards._sandbox_values", os.path.join(here, "_sandbox_values.py")),
+                   ("tinyrl.rewards.sandbox_checks", os.path.join(here, "sandbox_checks.py"))):
+    spec = importlib.util.spec_from_file_location(name, path)
+    sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[spec.name])
 spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
 sb = importlib.util.module_from_spec(spec)
 sys.modules["sandbox"] = sb

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
 
 from tinyrl.errors import ConfigError
@@ -19,6 +21,16 @@ from tinyrl.errors import ConfigError
 def check(ok: bool, path: str, msg: str) -> None:
     if not ok:
         raise ConfigError(f"{path}: {msg}")
+
+
+def check_local(value: str, path: str, what: str = "file or folder", hint: str = "") -> None:
+    """ConfigError naming `path` unless `value` is an existing regular file or folder: a FIFO, a device or a
+    socket (`/dev/zero`, a named pipe) would be read forever, so it is refused before anything opens it."""
+    p = Path(value).expanduser()
+    if not p.exists():
+        raise ConfigError(f"{path}: {what} not found: {value}{hint}")
+    if not (p.is_file() or p.is_dir()):
+        raise ConfigError(f"{path}: {value} is not a regular file or folder (a pipe, a device or a socket)")
 
 
 def _type_name(tp: Any) -> str:
@@ -61,6 +73,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin is list:
         if not isinstance(value, list):
             raise bad
+        if len(value) > MAX_LIST:
+            raise ConfigError(f"{path}: a list of at most {MAX_LIST} items, got {len(value)}")
         (item,) = typing.get_args(tp)
         return [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
@@ -92,12 +106,36 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise bad
+        if len(value) > MAX_STR or "\x00" in value:
+            raise ConfigError(f"{path}: a string of at most {MAX_STR} characters and no NUL character, got "
+                              f"{len(value)} characters{' with a NUL' if chr(0) in value else ''}")
         return value
     if tp is dict:
         if not isinstance(value, dict):
             raise bad
+        if len(value) > MAX_LIST:
+            raise ConfigError(f"{path}: a mapping of at most {MAX_LIST} keys, got {len(value)}")
         return value
     raise TypeError(f"config field type {tp!r} at {path} is not supported")
+
+
+# Every number a user sets is bounded: a section's LIMITS = {field: (low, high)} gives its own range (the sizes
+# that allocate or loop: tokens, samples, groups, steps), and every other number falls in DEFAULT_LIMITS. A float
+# must also be finite. Strings are bounded in length and hold no NUL; lists in length.
+DEFAULT_LIMITS = {int: (-(10**9), 10**9), float: (-1e12, 1e12)}
+MAX_STR, MAX_LIST = 100_000, 10_000
+
+
+def _check_limits(cls: type, obj: Any, path: str) -> None:
+    limits = getattr(cls, "LIMITS", {})
+    for f in dataclasses.fields(cls):
+        v, where = getattr(obj, f.name), f"{path}.{f.name}" if path else f.name
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            lo, hi = limits.get(f.name, DEFAULT_LIMITS[float if isinstance(v, float) else int])
+            check(isinstance(v, int) or math.isfinite(v), where, f"must be a finite number, got {v}")
+            check(lo <= v <= hi, where, f"must be in [{lo:g}, {hi:g}], got {v:g}")
+        elif f.name in limits and v is not None and not isinstance(v, (int, float)):
+            raise TypeError(f"{cls.__name__}.LIMITS names {f.name!r}, which is not a number")
 
 
 def build(cls: type, data: dict, path: str) -> Any:
@@ -118,5 +156,6 @@ def build(cls: type, data: dict, path: str) -> Any:
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         obj.validate(path)
+    _check_limits(cls, obj, path)
     return obj
 

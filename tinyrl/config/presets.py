@@ -46,19 +46,47 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_NODES = 100_000  # values in one document, counting each use of an alias (a config holds hundreds)
+MAX_YAML_DEPTH = 32  # nesting (a config is 3 deep: section, field, a list or mapping value)
+
+
 def load_yaml(text: str, source: str):
-    """`yaml.safe_load`, warning about duplicate keys; a YAML error becomes a ConfigError naming `source` and the line."""
+    """`yaml.safe_load`, warning about duplicate keys; a YAML error becomes a ConfigError naming `source` and the line.
+    A document whose values, aliases expanded, exceed MAX_YAML_NODES (an alias bomb) or nest deeper than
+    MAX_YAML_DEPTH is refused before anything is built from it."""
     loader = _Loader(text)
     loader.source = source
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        _check_size(node, source)
+        return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{source}{where}: not valid YAML ({what})") from None
+    except RecursionError:  # the YAML composer recurses once per level
+        raise ConfigError(f"{source}: nested too deeply (a config nests {MAX_YAML_DEPTH} levels at most)") from None
     finally:
         loader.dispose()
+
+
+def _check_size(node, source: str) -> None:
+    """ConfigError when the composed document expands to too many values or nests too deep (iterative: an
+    alias is walked each time it is used, so a bomb is counted as what it would build, and cut off early)."""
+    stack, seen = [(node, 1)] if node is not None else [], 0
+    while stack:
+        n, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise ConfigError(f"{source}: too large: more than {MAX_YAML_NODES} values once its aliases are expanded "
+                              f"(a YAML alias bomb?)")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{source}: nested too deeply (a config nests {MAX_YAML_DEPTH} levels at most)")
+        if isinstance(n, yaml.SequenceNode):
+            stack += [(c, depth + 1) for c in n.value]
+        elif isinstance(n, yaml.MappingNode):
+            stack += [(c, depth + 1) for kv in n.value for c in kv]
 
 
 def _read_preset_file(entry, label: str) -> dict:
@@ -97,11 +125,15 @@ def read_preset(preset: str | Path | None, _chain: tuple[str, ...] = ()) -> tupl
     """Return (name, raw dict) of a shipped preset name or a YAML file path.
 
     `base: OTHER` (a shipped name, or a YAML path relative to this file) starts from OTHER's
-    fields: mappings merge key by key (profiles too), any other value replaces the base's."""
+    fields: mappings merge key by key (profiles too), any other value replaces the base's. A chain of
+    bases that comes back to a preset it passed (the same file, or the same shipped preset) is refused;
+    a local file may take a shipped preset of the same name as its base."""
     preset = DEFAULT_PRESET if preset is None else str(preset)
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        name, data, here = path.stem, _read_preset_file(path, str(path)), path.parent
+        if not path.resolve().is_file():
+            raise ConfigError(f"preset {preset!r}: not a regular file")
+        name, data, here, key = path.stem, _read_preset_file(path, str(path)), path.parent, str(path.resolve())
     else:
         name = preset[:-5] if preset.endswith(".yaml") else preset
         entry = _preset_dir() / f"{name}.yaml"
@@ -115,7 +147,9 @@ def read_preset(preset: str | Path | None, _chain: tuple[str, ...] = ()) -> tupl
                 f"preset {preset!r} is neither a shipped preset nor a YAML file.{hint} "
                 f"Shipped presets: {known} (see `tinyrl presets`)."
             )
-        data, here = _read_preset_file(entry, name), None
+        data, here, key = _read_preset_file(entry, name), None, f"shipped preset {name}"
+    if key in _chain:
+        raise ConfigError(f"preset {name!r}: its base leads back to itself ({' -> '.join(_chain + (key,))})")
     base = data.pop("base", None)
     if base is None:
         return name, data
@@ -123,9 +157,7 @@ def read_preset(preset: str | Path | None, _chain: tuple[str, ...] = ()) -> tupl
         raise ConfigError(f"preset {name!r}: base must name a preset (shipped name or YAML path), got {base!r}")
     if here is not None and base.endswith((".yaml", ".yml")) and (here / base).is_file():
         base = str(here / base)
-    if name in _chain or base in _chain or Path(base).stem == name:
-        raise ConfigError(f"preset {name!r}: base {base!r} leads back to itself ({' -> '.join(_chain + (name,))})")
-    return name, _merged(read_preset(base, _chain + (name,))[1], data)
+    return name, _merged(read_preset(base, _chain + (key,))[1], data)
 
 
 def _merged(under: dict, over: dict) -> dict:
@@ -215,8 +247,8 @@ def resolve_recipe(name: Any, path: str = "algo.recipe") -> dict:
     same layer < later layers. The layers are the preset, the `--profile`, the command line (each
     may name a recipe). So `tinyrl train algo.recipe=rloo` on a preset that sets `estimator: grpo`
     runs RLOO, while a preset that names `recipe: dapo` and sets `epsilon_high: 0.3` keeps its 0.3."""
-    if name not in RECIPES:
-        raise ConfigError(f"{path}: must be one of {sorted(RECIPES)}, got {name!r}")
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ConfigError(f"{path}: must be one of {sorted(RECIPES)}, got {name!r:.80}")
     return {**RECIPES[name], "recipe": name}
 
 

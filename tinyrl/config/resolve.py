@@ -8,7 +8,9 @@ and passes its `Resolved` on; nothing downstream reads a preset again. Resolutio
    run folder's config.yaml holds;
 2. builds it field by field (`tinyrl.config.coerce`), each section checking its own values, then
    checks every name that points into a registry (`check_names`: tasks, advantage estimators,
-   loss aggregations, agent formats and tools, methods) without importing what they name;
+   loss aggregations, agent formats and tools, methods; the torch-free tables of tinyrl.names)
+   without importing what they name, and refuses the combinations of switches that do not compose
+   (`tinyrl.config.switches`);
 3. checks the run against its model and this device, once, before any run folder exists
    (tinyrl.planner.preflight): refuses a completion budget beyond the model's context and a planned
    peak above the device's memory, and decides the `auto` settings (model.gradient_checkpointing).
@@ -23,17 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tinyrl.agents.formats import FORMATS
-from tinyrl.agents.tools import TOOLS
-from tinyrl.algo.advantages import ESTIMATORS, TOKEN_REWARD_ESTIMATORS
-from tinyrl.algo.losses import AGGREGATIONS
 from tinyrl.config.coerce import build, check
 from tinyrl.config.presets import apply_overrides, apply_recipe, preset_layers
 from tinyrl.config.schema import RunConfig
+from tinyrl.config.switches import check_installed, check_switches
 from tinyrl.errors import ConfigError
 from tinyrl.hardware import BF16_FROM, compute_dtype, cuda_capability
 from tinyrl.methods.registry import METHODS
+from tinyrl.names import (
+    AGGREGATIONS,
+    ESTIMATORS,
+    FORMATS,
+    SANDBOX_KWARGS,
+    SANDBOX_LIMITS,
+    TASK_ARGS,
+    TOKEN_REWARD_ESTIMATORS,
+    TOOLS,
+)
 from tinyrl.planner import preflight
+from tinyrl.registry import load_object
 from tinyrl.runs import RunDir
 from tinyrl.tasks import TASKS
 
@@ -55,6 +65,11 @@ def check_names(cfg: RunConfig) -> None:
               f"must be one of {sorted(TOOLS)} or 'module:function', got {t!r}")
     for i, name in enumerate(cfg.stages):
         check(name in METHODS, f"stages[{i}]", f"must be one of {sorted(METHODS)}, got {name!r}")
+    if d.task in TASK_ARGS:  # the task's own arguments, bounded before any data is read (loads that task)
+        TASK_ARGS[d.task](d.task_args)
+    for i, spec in enumerate(cfg.reward.functions):
+        if any(k in spec.kwargs for k in SANDBOX_KWARGS):
+            load_object(SANDBOX_LIMITS)(spec.kwargs, f"reward.functions[{i}].kwargs")
 
 
 def config_from_dict(data: dict) -> RunConfig:
@@ -64,6 +79,7 @@ def config_from_dict(data: dict) -> RunConfig:
         data["algo"] = apply_recipe(data["algo"])
     cfg = build(RunConfig, data, "")
     check_names(cfg)
+    check_switches(cfg)
     return cfg
 
 
@@ -132,6 +148,7 @@ def resolve(preset: str | Path | None = None, profile: str | None = None, overri
         name = cfg.log.name or name
     cfg = decide_off_policy(cfg)  # (no hardware in it: decided for every caller)
     if decide_auto:  # the process that trains: `auto` decided, a run that cannot work refused (no folder yet)
+        check_installed(cfg)  # the optional packages it needs
         cfg = preflight.check(decide_dtype(cfg))  # model.dtype auto first: the plan depends on it
     return Resolved(name, cfg, written, path, overrides)
 

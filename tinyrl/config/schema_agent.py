@@ -13,6 +13,9 @@ from tinyrl.config.coerce import check
 
 @dataclass
 class AgentConfig:
+    LIMITS = {"max_turns": (1, 256), "max_obs_tokens": (1, 131072), "top_k": (1, 1000), "tool_workers": (1, 1024),
+              "tool_timeout": (0, 86400)}
+
     enabled: bool = False  # multi-turn tool rollouts
     format: str = "search_r1"  # a name in tinyrl.agents.formats.FORMATS: "search_r1" | "hermes"
     tools: list[str] = field(default_factory=lambda: ["search"])  # TOOLS names or "module:function"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from tinyrl.config.coerce import check
+from tinyrl.config.coerce import check, check_local
 
 
 @dataclass
@@ -18,6 +18,10 @@ class SFTConfig:
     samples.jsonl, filtered by `min_reward`), "demonstrations" (an agent task's expert
     trajectories, replayed through the run's tools), or, when null, the task's own train rows
     with their `completion_column` (the arithmetic task's true answers)."""
+
+    LIMITS = {"max_per_prompt": (1, 1_000_000), "epochs": (0, 1000), "max_steps": (1, 10_000_000),
+              "batch_size": (1, 65536), "grad_accum": (1, 65536), "max_length": (1, 10_000_000),
+              "logging_steps": (1, 10_000_000), "save_every": (0, 10_000_000)}
 
     data: Optional[str] = None  # jsonl file | run folder | "demonstrations" (an agent task's) | null (the task's train rows)
     prompt_column: str = "prompt"
@@ -39,7 +43,7 @@ class SFTConfig:
     def validate(self, p: str) -> None:
         if self.data is not None and self.data != "demonstrations":  # tinyrl.agents.demonstrations.DEMONSTRATIONS
             path = Path(self.data)
-            check(path.exists(), f"{p}.data", f"not found: {self.data} (a jsonl file of prompt/completion rows or a run folder)")
+            check_local(self.data, f"{p}.data", hint=" (a jsonl file of prompt/completion rows or a run folder)")
             if path.is_dir():
                 check((path / "samples.jsonl").is_file(), f"{p}.data", f"{self.data} is a folder without samples.jsonl; is it a tinyrl run folder?")
                 check(self.min_reward is not None, f"{p}.min_reward", "is required when sft.data is a run folder "
@@ -63,6 +67,9 @@ class SelfImproveConfig:
     iterate, keeps those whose reward >= `min_reward`, and fine-tunes the base (never the
     previous iterate) on them with the `sft` section's switches. STaR also samples
     `hint_samples` completions for each prompt that found no correct one, with the task's hint."""
+
+    LIMITS = {"iterations": (1, 1000), "prompts_per_iter": (1, 1_000_000), "samples_per_prompt": (1, 1024),
+              "max_per_prompt": (1, 1024), "hint_samples": (0, 1024)}
 
     iterations: int = 3  # K
     prompts_per_iter: int = 128

@@ -404,3 +404,11 @@ def check_adapter_folder(adapter: str) -> None:
         json.loads((path / "adapter_config.json").read_text())
     except (ValueError, OSError) as e:
         raise ModelLoadError(f"--adapter {adapter}: adapter_config.json is corrupt ({e})") from e
+    from safetensors import SafetensorError, safe_open
+
+    try:  # the header and every tensor's extent: a truncated file fails here, not in peft's loader
+        with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
+            for name in f.keys():
+                f.get_slice(name)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelLoadError(f"--adapter {adapter}: adapter_model.safetensors is corrupt or truncated ({e})") from e

@@ -1,24 +1,29 @@
 """The child side of `tinyrl.rewards.sandbox`: isolate, drop privileges, run, report.
 
 Started by path as `python -I _sandbox_child.py` (stdlib only, never the tinyrl package;
-`_sandbox_lockdown.py` beside it is loaded by path). It reads one JSON job from stdin,
-then, while still trusted:
+`_sandbox_lockdown.py`, `_sandbox_landlock.py`, `_sandbox_procs.py`, `_sandbox_values.py` and
+`_sandbox_judge.py` beside it are loaded by path). It reads one JSON job from stdin, then, while still trusted:
 
 1. notes the host's bound UNIX sockets, then unshares network, mount, PID and IPC
-   namespaces (plus a user namespace when not root),
+   namespaces (plus a user namespace when not root; one at a time where the host refuses
+   some of them),
 2. in the new mount namespace (`_sandbox_lockdown.setup_mounts`): makes every mount
    read-only, hides `hide` paths, /run and /var/run (and any directory the sandbox user
    could not enter that holds Python's own library) under empty read-only tmpfs with
    Python's import paths bound back, gives it a minimal /dev, covers the host's sockets,
-   and mounts a fresh tmpfs on /tmp as the working directory,
-3. becomes PID 1 of the new PID namespace (the supervisor), refuses to go on without a mount
-   namespace unless the job allows weak isolation, and forks the worker, which closes the
-   report pipe and the key pipe, sets rlimits, drops to the sandbox uid (or drops all
-   capabilities in a user namespace), sets no_new_privs, installs the seccomp filter, and
-   only then runs the untrusted code, answering the judge's calls;
+   and mounts a fresh tmpfs on /tmp as the working directory. Without a mount namespace
+   the file layer is Landlock (`_sandbox_landlock`) where the kernel has it, else as root
+   a chroot into the run's own directory; with neither it refuses to go on unless the job
+   allows weak isolation,
+3. becomes PID 1 of the new PID namespace (the supervisor; without one, the subreaper of
+   everything the worker leaves behind) and forks the worker, which closes the report pipe
+   and the key pipe, sets rlimits and no_new_privs, restricts itself with Landlock (or
+   chroots), drops to the sandbox uid (or drops all capabilities), installs the seccomp
+   filter, and only then runs the untrusted code, answering the judge's calls;
 4. reads the per-run key (only now: the worker never had it in memory) and forks the judge
    (`_sandbox_judge.py`), which drops its privileges too, becomes non-dumpable, and evaluates
-   the grader's steps in its own interpreter, calling into the worker for plain data.
+   the grader's steps in its own interpreter, calling into the worker for data
+   (`_sandbox_values`).
 
 Each result is one JSON line on the report pipe, signed with the key (HMAC-SHA256); the host
 ignores any line it cannot verify. The first line ("ready") is written before any untrusted
@@ -49,12 +54,16 @@ def _load_lockdown(name: str):
 
 
 lockdown = _load_lockdown("_sandbox_lockdown")
+landlock = _load_lockdown("_sandbox_landlock")
+procs = _load_lockdown("_sandbox_procs")
+values = sys.modules["_sandbox_values"] = _load_lockdown("_sandbox_values")  # the judge imports it by this name
 judging = _load_lockdown("_sandbox_judge")
 _check, mount = lockdown.check, lockdown.mount
 
 
 def _unshare(job: dict) -> dict:
-    """Enter new namespaces; returns which ones we got."""
+    """Enter new namespaces; returns which ones we got. Not root: a user namespace first (where the host
+    allows one), then inside it each other namespace it allows (all at once where possible)."""
     ld = lockdown
     root = os.geteuid() == 0
     flags = {"net": ld.CLONE_NEWNET, "mount": ld.CLONE_NEWNS, "pid": ld.CLONE_NEWPID, "ipc": ld.CLONE_NEWIPC}
@@ -65,17 +74,40 @@ def _unshare(job: dict) -> dict:
         return got
     if _libc.unshare(want) == 0:
         got.update({name: True for name in flags}, userns=not root)
-    elif root:
+    elif root or _libc.unshare(ld.CLONE_NEWUSER) == 0:  # one at a time (a user namespace first when not root)
+        got["userns"] = not root
+        if got["userns"]:
+            _map_ids(uid, gid)
         for name, flag in flags.items():
             got[name] = _libc.unshare(flag) == 0
+        return got
     if got["userns"]:  # become root of the new user namespace (mapped to our own uid outside)
-        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
+        _map_ids(uid, gid)
     return got
 
 
-def _drop_privileges(job: dict, iso: dict, uid: int) -> None:
+def _map_ids(uid: int, gid: int) -> None:
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _fs_layer(job: dict, iso: dict) -> str:
+    """What keeps the code off the host's files: "mount" (a mount namespace), else "landlock" (where the
+    kernel has it), else "chroot" (as root: an empty private root), else "none"."""
+    iso["landlock"], iso["chroot"] = 0, False
+    if iso["mount"]:
+        return "mount"
+    iso["landlock"] = landlock.abi() if job.get("landlock", True) else 0
+    if iso["landlock"]:
+        return "landlock"
+    iso["chroot"] = iso["root"] and job.get("chroot", True)
+    return "chroot" if iso["chroot"] else "none"
+
+
+def _drop_privileges(job: dict, iso: dict, uid: int, writable: list[str]) -> None:
+    """rlimits, no_new_privs, the file-system layer this process needs itself (Landlock, or chroot into its
+    working directory), a uid of its own (as root) or no capability left, then the seccomp filter."""
     import resource
 
     lim = job["limits"]
@@ -86,6 +118,14 @@ def _drop_privileges(job: dict, iso: dict, uid: int) -> None:
                        (resource.RLIMIT_MSGQUEUE, 0)):
         resource.setrlimit(res, (value, value))
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    fs = job["fs"]
+    if fs == "landlock":  # before the uid change: the rules' directories are opened while we can still reach them
+        iso.update(landlock.restrict(landlock.SYSTEM + tuple(p for p in sys.path if p), writable, job["hide"]))
+    elif fs == "chroot" and writable:  # the worker: its working directory becomes its whole file system
+        os.chroot(writable[0])
+        os.chdir("/")
+        os.environ["TMPDIR"] = "/"
+        iso["chroot"] = True
     if iso["root"]:
         gid = uid
         os.setgroups([])
@@ -126,23 +166,58 @@ def _run_io(code, stdin: str) -> str:
 
 
 def _answer(value, handles: dict, limit: int) -> dict:
-    """A value as the judge gets it: plain data (up to `limit` bytes of JSON), or a handle the judge can
-    call or ask for attributes (and which equals nothing)."""
+    """A value as the judge gets it: data (`_sandbox_values`, up to `limit` bytes of JSON) in which any
+    other object is a handle the judge can use (and which equals nothing); too large: one handle."""
+
+    def hold(v) -> dict:
+        handles[len(handles) + 1] = v
+        return {"R": [len(handles), type(v).__name__[:100]]}
+
     try:
-        enc = judging.encode(value)
+        enc = values.encode(value, hold)
         if len(json.dumps(enc)) <= limit:
             return {"v": enc}
     except (TypeError, ValueError, RecursionError):
         pass
-    handles[len(handles) + 1] = value
-    return {"h": len(handles), "name": type(value).__name__}
+    return {"v": hold(value)}
+
+
+def _request(req, handles: dict, code, limit: int) -> dict:
+    """One call of the judge, answered by the solution's objects (its exceptions become "raise")."""
+
+    def arg(x):
+        return values.decode(x, lambda ref, name: handles[ref])
+
+    op = next(iter(req))  # the judge's requests have their operation first
+    obj = handles[req[op]] if op != "io" else None
+    if op == "call":
+        return _answer(obj(*arg(req["args"]), **arg(req["kwargs"])), handles, limit)
+    if op == "getattr":
+        return _answer(getattr(obj, str(req["name"])), handles, limit)
+    if op == "setattr":
+        setattr(obj, str(req["name"]), arg(req["value"]))
+        return {"v": None}
+    if op == "getitem":
+        return _answer(obj[arg(req["key"])], handles, limit)
+    if op == "iter":
+        items = []
+        for x in obj:
+            items.append(x)
+            if len(items) > limit:
+                raise ValueError("too many items")
+        return _answer(items, handles, limit)
+    if op == "len":
+        return _answer(len(obj), handles, limit)
+    if op == "str":
+        return _answer(str(obj), handles, limit)
+    return _answer(_run_io(code, req["io"]), handles, limit)
 
 
 def _serve(job: dict, ch) -> None:
     """The untrusted part: load the model's code, then answer the judge's calls until it is done.
 
-    Whatever the code does to this interpreter, what leaves it is plain data on `ch`: the values
-    its functions return. It holds no report pipe and no key."""
+    Whatever the code does to this interpreter, what leaves it is data on `ch`: the values its
+    functions return. It holds no report pipe and no key."""
     ns = {"__name__": "solution", "__builtins__": builtins}
     handles: dict = {}
     limit = int(job["limits"]["value_bytes"])
@@ -163,13 +238,7 @@ def _serve(job: dict, ch) -> None:
     while True:
         req = ch.recv()
         try:
-            if "call" in req:
-                args, kwargs = judging.decode(req["args"], handles), judging.decode(req["kwargs"], handles)
-                reply = _answer(handles[req["call"]](*args, **kwargs), handles, limit)
-            elif "getattr" in req:
-                reply = _answer(getattr(handles[req["getattr"]], str(req["name"])), handles, limit)
-            else:
-                reply = _answer(_run_io(code, req["io"]), handles, limit)
+            reply = _request(req, handles, code, limit)
         except BaseException as e:  # noqa: BLE001 (the solution's exception, SystemExit included)
             reply = {"raise": [type(e).__name__, str(e)[:200]]}
         _flush()
@@ -183,44 +252,6 @@ def _flush() -> None:
             stream.flush()
         except BaseException:  # noqa: BLE001 (the code may have replaced or closed them)
             pass
-
-
-_REAPED: dict = {}  # pid -> wait status of the children already reaped while waiting for another
-
-
-def _wait(pid: int, wall_s: float) -> int:
-    """Wait for `pid` up to `wall_s` (reaping any orphan handed to us); kill it at the deadline."""
-    deadline = time.monotonic() + wall_s
-    while True:
-        if pid in _REAPED:
-            return _REAPED.pop(pid)
-        try:
-            done, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return 0
-        if done == pid:
-            return status
-        if done:
-            _REAPED[done] = status  # the other child, or an orphan of the worker (we are PID 1 of the namespace)
-            continue
-        if time.monotonic() >= deadline:
-            os.kill(pid, signal.SIGKILL)
-            return os.waitpid(pid, 0)[1]
-        time.sleep(0.005)
-
-
-def _reap_uid(uid: int) -> None:
-    """Kill every process of the sandbox uid: fork, become that uid, kill(-1) until none is left."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setresuid(uid, uid, uid)
-            for _ in range(1000):
-                os.kill(-1, signal.SIGKILL)  # as this uid: every process of the uid but ourselves
-        except (ProcessLookupError, OSError):
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
 
 
 def main() -> None:
@@ -264,17 +295,24 @@ def main() -> None:
             iso["mount_error"] = str(e)
     if not iso["mount"]:
         os.chdir(job["workdir"])
-    for name in job.get("preload", []):
+        os.environ["TMPDIR"] = job["workdir"]  # tempfile's directory: its own, not the host's /tmp
+    job["fs"] = iso["fs"] = _fs_layer(job, iso)
+    # without a mount namespace the code may be unable to read Python's library (a uid of its own, Landlock,
+    # a chroot): what it is likely to import is imported now, by the supervisor, and inherited
+    for name in job.get("preload", []) + ([] if iso["mount"] else job.get("preload_more", [])):
         try:
             __import__(name)
         except Exception:
             pass
-    if job.get("require_mount") and not iso["mount"]:  # weak isolation was not allowed: run nothing
+    if job.get("require_fs") and iso["fs"] == "none":  # weak isolation was not allowed: run nothing
         say = judging.signer(_read_key(job["key_fd"]), rep)
-        say({"ready": iso, "fatal": "refused: no mount namespace here, so the code would read your world-readable "
-                                    "files and write world-writable folders (allow it with weak_isolation=True)"})
+        say({"ready": iso, "fatal": "refused: no mount namespace, no Landlock and not root (for a chroot) here, so "
+                                    "the code would read your files and write world-writable folders (allow it "
+                                    "with weak_isolation=True)"})
         os._exit(0)
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no child can reach into this process (ptrace, /proc/<pid>/fd)
+    if not iso["pid"]:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the worker come to us, to be killed and reaped
     limit = int(job["limits"]["value_bytes"]) + 4096
     req_r, req_w = os.pipe()  # judge -> worker: the calls
     resp_r, resp_w = os.pipe()  # worker -> judge: plain data
@@ -287,7 +325,7 @@ def main() -> None:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.setpgid(0, 0)
-            _drop_privileges(job, mine, job["uid"])
+            _drop_privileges(job, mine, job["uid"], [] if iso["mount"] else [job["workdir"]])
             signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # writing past the file limit ends the run
         except BaseException as e:  # noqa: BLE001
             ch.send({"ready": {}, "fatal": f"{type(e).__name__}: {e}"})
@@ -306,7 +344,7 @@ def main() -> None:
     if judge == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            _drop_privileges(job, {"root": iso["root"]}, job["judge_uid"])
+            _drop_privileges(job, {"root": iso["root"]}, job["judge_uid"], [])
             _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")  # after the uid change, which resets it
         except BaseException as e:  # noqa: BLE001
             say({"ready": iso, "fatal": f"{type(e).__name__}: {e}"})
@@ -317,18 +355,14 @@ def main() -> None:
     os.close(req_w)
     if not iso["pid"]:
         child["pids"] = [worker, judge]
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of the worker come to us, to be reaped
-    _wait(judge, float(job["limits"]["wall_s"]))  # it ends after "done", or once the worker is gone
-    status = _wait(worker, 0.5)  # ends when the judge's pipe closes; killed otherwise
+    procs.wait(judge, float(job["limits"]["wall_s"]))  # it ends after "done", or once the worker is gone
+    status = procs.wait(worker, 0.5)  # ends when the judge's pipe closes; killed otherwise
     say({"worker_exit": os.waitstatus_to_exitcode(status)})
     if root and not iso["pid"]:
         for u in (job["uid"], job["judge_uid"]):
-            _reap_uid(u)
-    elif not iso["pid"]:
-        try:
-            os.killpg(worker, signal.SIGKILL)
-        except OSError:
-            pass
+            procs.reap_uid(u)
+    elif not iso["pid"]:  # our own uid: kill what descends from us (orphans were handed to us), never by uid
+        procs.kill_descendants()
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:  # reap what was killed, so no zombie is left behind
         try:

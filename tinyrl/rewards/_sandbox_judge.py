@@ -8,12 +8,18 @@ and alone holds the report pipe and the per-run key that signs every report line
 has either (it is forked before the supervisor reads the key, and closes the report pipe first).
 
 In the judge's namespace the names the solution defines are proxies (`Remote`): calling one sends
-its arguments to the worker as plain data (exact builtin types), the worker calls the solution and
-answers with plain data, or with a handle for any other object (which can be called or asked for an
-attribute, and is equal to nothing, true or false to nothing). Builtins, AssertionError, the
-comparisons and the report are the judge's own: all the code controls is what its functions return.
+its arguments to the worker as data (`_sandbox_values`: exact types, rebuilt by the receiver from
+its own classes), the worker calls the solution and answers with data, or with a handle for any
+other object. A handle (a `Remote`) can be called, its attributes read or set (`root.left =
+Node(2)`: a tree the grader builds from the solution's class), its items read, iterated, its
+`len` and `str` asked: each is a value the worker computes, which the judge then compares with its
+own code. It is never asked a verdict: it is equal to nothing but itself, true or false to
+nothing, and `x in handle` compares the judge's `x` with the items it iterates. Builtins,
+AssertionError, the comparisons and the report are the judge's own: all the code controls is what
+its functions return, and data carries no methods.
 A name the solution defines that is also a builtin stays the builtin (unless it is the entry point).
-Arguments are copies: a check of an in-place change to an argument cannot see it.
+Arguments are copies: a check of an in-place change to an argument cannot see it (except on a
+handle, which is the worker's object itself).
 """
 
 import builtins
@@ -21,6 +27,11 @@ import hashlib
 import hmac
 import json
 import os
+
+try:  # in the sandbox child: loaded by path beside this file (and registered under this name)
+    import _sandbox_values as values
+except ImportError:  # imported as part of the package (the doctests)
+    from tinyrl.rewards import _sandbox_values as values
 
 
 class Gone(BaseException):
@@ -31,42 +42,15 @@ class SolutionError(Exception):
     """An exception of a type the judge does not have, raised by the solution."""
 
 
-def encode(v, depth: int = 0):
-    """Plain data only, by exact type (a subclass with a lying __eq__ does not pass); a `Remote` by its handle."""
-    if depth > 50:
-        raise ValueError("value nested too deeply")
-    t = type(v)
-    if v is None or t in (bool, int, float, str):
-        return v
-    if t in (list, tuple, set, frozenset):
-        return {{list: "L", tuple: "T", set: "S", frozenset: "F"}[t]: [encode(x, depth + 1) for x in v]}
-    if t is dict:
-        return {"D": [[encode(k, depth + 1), encode(x, depth + 1)] for k, x in v.items()]}
-    if t is bytes:
-        return {"B": v.hex()}
-    if t is complex:
-        return {"C": [v.real, v.imag]}
-    if t is Remote:
-        return {"R": v._id}
-    raise TypeError(f"a {t.__name__} is not plain data")
+def encode(v):
+    """Data for the worker (or the host): a `Remote` as its handle; anything else not data is a TypeError."""
+    return values.encode(v, _handle_of)
 
 
-def decode(v, handles: dict | None = None):
-    """The inverse of `encode`; a handle {"R": id} becomes the worker's object (worker side only)."""
-    if isinstance(v, dict):
-        (tag, items), = v.items()
-        if tag == "R":
-            if handles is None or items not in handles:
-                raise ValueError("not a handle of this worker")
-            return handles[items]
-        if tag == "D":
-            return {decode(k, handles): decode(x, handles) for k, x in items}
-        if tag == "B":
-            return bytes.fromhex(items)
-        if tag == "C":
-            return complex(*items)
-        return {"L": list, "T": tuple, "S": set, "F": frozenset}[tag](decode(x, handles) for x in items)
-    return v
+def _handle_of(v):
+    if type(v) is Remote:
+        return {"R": [v._sbx_id, v._sbx_name]}
+    raise TypeError(f"a {type(v).__name__} is not plain data")
 
 
 class Channel:
@@ -99,28 +83,55 @@ class Channel:
 
 
 class Remote:
-    """An object of the solution, held in the worker: call it, or read an attribute (plain data or a Remote)."""
+    """An object of the solution, held in the worker. Each operation is a value the worker computes
+    (a call, an attribute, an item, its items, len, str); none is a verdict (no ==, <, bool, in)."""
 
-    __slots__ = ("_judge", "_id", "_name")
+    __slots__ = ("_sbx_judge", "_sbx_id", "_sbx_name")  # names no solution attribute is likely to have
 
     def __init__(self, judge: "Judge", ref: int, name: str):
-        object.__setattr__(self, "_judge", judge)
-        object.__setattr__(self, "_id", ref)
-        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_sbx_judge", judge)
+        object.__setattr__(self, "_sbx_id", ref)
+        object.__setattr__(self, "_sbx_name", name)
 
     def __call__(self, *args, **kwargs):
-        return self._judge.ask({"call": self._id, "args": encode(list(args)), "kwargs": encode(dict(kwargs))})
+        return self._sbx_judge.ask({"call": self._sbx_id, "args": encode(list(args)), "kwargs": encode(dict(kwargs))})
 
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return self._judge.ask({"getattr": self._id, "name": attr})
+        return self._sbx_judge.ask({"getattr": self._sbx_id, "name": attr})
+
+    def __setattr__(self, attr: str, value) -> None:
+        if attr.startswith("__"):
+            raise AttributeError(f"cannot set {attr} on {self._sbx_name} (an object of the solution)")
+        self._sbx_judge.ask({"setattr": self._sbx_id, "name": attr, "value": encode(value)})
+
+    def __getitem__(self, key):
+        return self._sbx_judge.ask({"getitem": self._sbx_id, "key": encode(key)})
+
+    def __iter__(self):
+        items = self._sbx_judge.ask({"iter": self._sbx_id})
+        if type(items) is not list:
+            raise TypeError(f"{self._sbx_name} (an object of the solution) did not iterate to a list")
+        return iter(items)
+
+    def __len__(self) -> int:
+        n = self._sbx_judge.ask({"len": self._sbx_id})
+        if type(n) is not int:
+            raise TypeError(f"len of {self._sbx_name} is not an int")
+        return n
+
+    def __str__(self) -> str:
+        text = self._sbx_judge.ask({"str": self._sbx_id})
+        if type(text) is not str:
+            raise TypeError(f"str of {self._sbx_name} is not a str")
+        return text
 
     def __bool__(self) -> bool:
-        raise TypeError(f"{self._name} (an object of the solution) is not plain data")
+        raise TypeError(f"{self._sbx_name} (an object of the solution) is not plain data: it is neither true nor false")
 
     def __repr__(self) -> str:
-        return f"<solution object {self._name}>"
+        return f"<solution object {self._sbx_name}>"
 
 
 class Judge:
@@ -132,9 +143,10 @@ class Judge:
         if not isinstance(reply, dict):
             raise Gone("a malformed reply")
         if "v" in reply:
-            return decode(reply["v"])
-        if "h" in reply:
-            return Remote(self, int(reply["h"]), str(reply.get("name", "object"))[:100])
+            try:
+                return values.decode(reply["v"], lambda ref, name: Remote(self, ref, name))
+            except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as e:
+                raise Gone(f"a malformed value ({type(e).__name__})") from None
         if "raise" in reply:
             name, text = (str(x)[:300] for x in reply["raise"])
             cls = getattr(builtins, name, None)
@@ -155,7 +167,7 @@ def run(job: dict, channel: Channel, say, iso: dict) -> None:
         ready = channel.recv()
         if not isinstance(ready, dict) or "ready" not in ready:
             raise Gone("no ready line from the worker")
-        iso.update({k: v for k, v in ready["ready"].items() if k in ("seccomp", "seccomp_error")})
+        iso.update({k: v for k, v in ready["ready"].items() if k in ("seccomp", "seccomp_error", "landlock_rules")})
         if "fatal" in ready:
             say({"ready": iso, "fatal": str(ready["fatal"])[:300]})
             return

@@ -13,7 +13,8 @@ child is still trusted. Two layers, each reported in the child's "ready" line:
   seccomp filter that refuses (EPERM) `socket()` of every family, `socketpair()` other
   than AF_UNIX/SOCK_STREAM (a connected pair cannot be pointed at a path), SysV IPC
   (shm/msg/sem) and POSIX message queues, io_uring (it could open sockets behind the
-  filter's back), and namespace and mount calls (unshare, setns, mount, clone with
+  filter's back), truncate(2) by path (Landlock before ABI 3 does not cover it; ftruncate of a
+  file it opened for writing stays allowed), and namespace and mount calls (unshare, setns, mount, clone with
   namespace flags; clone3 answers ENOSYS so libc falls back to clone). Other
   architectures' system calls (i386 `int 0x80`, x32) are refused. Only x86_64 and
   aarch64 get a filter; elsewhere the layer is reported missing.
@@ -161,18 +162,18 @@ _DENIED = ("socket", "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "s
            "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
            "mq_getsetattr", "io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns", "mount",
            "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsmount", "fspick", "mount_setattr",
-           "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "ptrace")
+           "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "ptrace", "truncate")
 # Linux system call numbers (asm/unistd_64.h on x86_64; asm-generic/unistd.h on aarch64).
 _X86_64 = dict(socket=41, socketpair=53, shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66,
                semtimedop=220, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240, mq_unlink=241,
                mq_timedsend=242, mq_timedreceive=243, mq_notify=244, mq_getsetattr=245, unshare=272, setns=308,
                mount=165, umount2=166, pivot_root=155, bpf=321, perf_event_open=298, userfaultfd=323, keyctl=250,
-               add_key=248, request_key=249, ptrace=101, clone=56)
+               add_key=248, request_key=249, ptrace=101, clone=56, truncate=76)
 _AARCH64 = dict(socket=198, socketpair=199, shmget=194, shmat=196, shmctl=195, shmdt=197, semget=190, semop=193,
                 semctl=191, semtimedop=192, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
                 mq_unlink=181, mq_timedsend=182, mq_timedreceive=183, mq_notify=184, mq_getsetattr=185, unshare=97,
                 setns=268, mount=40, umount2=39, pivot_root=41, bpf=280, perf_event_open=241, userfaultfd=282,
-                keyctl=219, add_key=217, request_key=218, ptrace=117, clone=220)
+                keyctl=219, add_key=217, request_key=218, ptrace=117, clone=220, truncate=45)
 _COMMON = dict(io_uring_setup=425, io_uring_enter=426, io_uring_register=427, open_tree=428, move_mount=429,
                fsopen=430, fsmount=432, fspick=433, clone3=435, mount_setattr=442)
 ARCHES = {"x86_64": (0xC000003E, {**_X86_64, **_COMMON}), "aarch64": (0xC00000B7, {**_AARCH64, **_COMMON})}

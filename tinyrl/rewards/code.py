@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from tinyrl.rewards import tally
@@ -35,6 +37,8 @@ log = logging.getLogger("tinyrl.rewards.code")
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _EXIT_CALL = re.compile(r"(?<![\w.])(?:sys\.exit|os\._exit|exit|quit)\s*\(|\bSystemExit\b")
 OUTCOMES = ("pass", "fail", "timeout", "crash", "output_limit", "no_code", "error")
+_warned_tests: set[int] = set()
+_lock = threading.Lock()
 _BY_STATUS = {"timeout": "timeout", "crashed": "crash", "load_error": "crash", "output_limit": "output_limit"}
 
 
@@ -86,12 +90,26 @@ def run_completions(codes: list[str | None], tests: list, entry_points: list | N
             return None
         try:
             return run_tests(codes[k], tests[k], entry_points[k], limits, weak_isolation=weak_isolation)
-        except (SyntaxError, ValueError, TypeError, KeyError) as e:  # the grader's tests do not parse
-            log.warning("code_tests: row %d: cannot read its tests (%s: %s); sample excluded", k, type(e).__name__, e)
+        except (SyntaxError, ValueError, TypeError, KeyError, RecursionError) as e:  # the grader's tests do not parse
+            _warn_bad_tests(tests[k], e)
             return SandboxResult("error", [], load_error=f"bad tests: {e}")
 
     with ThreadPoolExecutor(max_workers=workers) as ex:
         return list(ex.map(one, range(len(codes))))
+
+
+def _warn_bad_tests(tests, e: Exception) -> None:
+    """One warning per distinct set of tests that does not parse, naming it by its first line (the reward does not
+    know the dataset's row numbers); each of its samples is excluded."""
+    text = tests if isinstance(tests, str) else "\n".join(map(str, tests)) if isinstance(tests, list) else repr(tests)
+    key = zlib.crc32(text.encode("utf-8", "replace"))
+    with _lock:
+        if key in _warned_tests:
+            return
+        _warned_tests.add(key)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    log.warning("code_tests: the tests starting %r cannot be read (%s: %s); every sample of their row is excluded "
+                "(scored None); warned once per set of tests", first[:100], type(e).__name__, str(e)[:200])
 
 
 def code_tests_reward(prompts: list, completions: list, tests: list | None = None, entry_point: list | None = None,

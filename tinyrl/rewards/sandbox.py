@@ -16,11 +16,12 @@ before any untrusted code runs):
 - privileges: as root, the code runs as a fresh random uid (root ignores RLIMIT_NPROC; a
   uid of its own makes the limit count only the sandbox's processes, and leaves no other
   process it could signal), with no groups and no_new_privs (setuid binaries do not
-  elevate). Not root: a user namespace, every capability dropped before the code runs.
+  elevate). Not root: a user namespace, every capability dropped before the code runs
+  (where the host allows none: your own uid, every capability dropped, Landlock).
 - system calls (`isolation["seccomp"]`, x86_64 and aarch64, with or without namespaces):
   a seccomp filter refuses socket() of every family, socketpair() other than a connected
   AF_UNIX stream pair, SysV shared memory / message queues / semaphores, POSIX message
-  queues, io_uring, and namespace and mount calls.
+  queues, io_uring, truncate(2) by path, and namespace and mount calls.
 - namespaces, where the kernel allows them: network (no interface up, not even loopback:
   no socket reaches anything), IPC (SysV objects it makes vanish with it), PID (the code
   sees only its own processes; at the end the outer process kills PID 1 and the kernel
@@ -31,26 +32,39 @@ before any untrusted code runs):
   Python under /root) covered by empty tmpfs, with Python's import paths bound back in;
   every filesystem UNIX socket the host has bound (/proc/net/unix) covered by /dev/null.
   Without a PID namespace, the supervisor kills every process of the sandbox uid at the
-  end and reaps them.
+  end (not root: every process that descends from it, orphans included: it is their
+  subreaper) and reaps them.
 - integrity: the grader's checks run in a judge process beside the worker, in an
-  interpreter the code never touches; the solution's names are proxies there, called with
-  plain data (exact builtin types: an object with a lying `__eq__` is a handle that equals
-  nothing). The judge alone holds the report pipe and a per-run key; every report line is
-  signed (HMAC-SHA256) and the host drops any line it cannot verify. For literal checks and
-  stdin/stdout cases the expected value stays in the host. A run that does not end normally
-  (sys.exit / os._exit before the checks, a crash, a timeout, too much output) scores 0.
-- no weak isolation by default: without a mount namespace the run is refused (status
+  interpreter the code never touches; the solution's names are proxies there. What crosses
+  between them is data (`_sandbox_values`): chosen by exact type in the worker, rebuilt from
+  the judge's (or the host's) own classes, so every comparison runs on code the solution never
+  touched: a returned Counter equals its dict, a defaultdict its dict, an re.Match is true, a
+  type passes as an argument, while a subclass with a lying `__eq__` is no data at all but a
+  handle, equal to nothing. A handle (any other object of the solution) can be called, its
+  attributes read and set (a tree the grader builds from the solution's class), iterated,
+  indexed, measured: values the worker computes, never a verdict. The judge alone holds the
+  report pipe and a per-run key; every report line is signed (HMAC-SHA256) and the host drops
+  any line it cannot verify. For literal checks and stdin/stdout cases the expected value stays
+  in the host. A run that does not end normally (sys.exit / os._exit before the checks, a
+  crash, a timeout, too much output) scores 0.
+- files without a mount namespace (`isolation["fs"]`; a container with Docker's default
+  seccomp profile and no CAP_SYS_ADMIN): Landlock where the kernel has it (it may read only the
+  system's and Python's directories and write only its own working directory; from ABI 4 no
+  TCP, from ABI 6 no signal out of the sandbox), else as root a chroot into that empty
+  directory (it imports only what was preloaded). With neither the run is refused (status
   "error") unless `weak_isolation=True` (see docs/rewards.md, "Decisions").
 
 What it does not protect against: kernel exploits and side channels (it is not a VM or
 gVisor); reading world-readable files outside the hidden paths (keep answers and hidden
 tests out of world-readable places, or pass them in `hide`); total memory, capped per
 process (so up to `nproc` x `memory_mb` in all) rather than per sandbox (no cgroup); CPU
-contention while it runs; code that returns answers it knows. With `weak_isolation=True` on
-a host without namespaces, /tmp and other world-writable places stay writable and, when not
-root, the code runs as you, with your files; sockets and SysV IPC are then held back by the
-seccomp filter alone (and by nothing on an architecture without one). `run_tests` logs a
-warning once when a layer is missing.
+contention while it runs; code that returns answers it knows. Without namespaces: the
+kernel's whole system-call surface beyond the seccomp filter, the sum it writes to its
+working directory (each file is capped), and when not root on Landlock before ABI 6, a
+signal to your own processes. With `weak_isolation=True` on a host with no file layer at all,
+/tmp and other world-writable places stay writable and, when not root, the code runs as you,
+with your files; sockets and SysV IPC are then held back by the seccomp filter alone (and by
+nothing on an architecture without one). `run_tests` logs a warning once when a layer is missing.
 """
 
 from __future__ import annotations
@@ -72,13 +86,50 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tinyrl.errors import ConfigError
 from tinyrl.rewards.sandbox_checks import Check, judge, parse_tests  # noqa: F401 (re-exported)
 
 log = logging.getLogger("tinyrl.rewards.sandbox")
 CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
 PRELOAD = ["collections", "itertools", "functools", "math", "re", "string", "heapq", "bisect", "typing",
            "copy", "operator", "fractions", "decimal", "statistics", "random", "datetime", "json"]
+# imported before the code runs where it may not be able to import them itself (no mount namespace: a uid of its
+# own that cannot enter a Python kept under /root, or a chroot): what MBPP / HumanEval solutions import
+PRELOAD_MORE = ["array", "cmath", "hashlib", "string", "struct", "_strptime", "calendar", "textwrap", "unicodedata",
+                "numbers", "dataclasses", "enum", "pprint", "types", "contextlib", "time", "collections.abc", "keyword",
+                "locale", "queue", "operator", "itertools", "io", "abc", "sys", "os", "math", "tempfile", "base64",
+                "binascii", "zlib", "difflib", "fnmatch", "glob", "shlex", "secrets", "weakref", "warnings"]
 _warned: set[str] = set()
+
+
+# Every limit's allowed range (inclusive): below it nothing can run (Python itself needs ~40 MiB of
+# address space and a few descriptors), above it a run is not bounded in any useful sense.
+LIMIT_RANGES: dict[str, tuple] = {
+    "cpu_s": (0.1, 3600.0, "seconds"), "wall_s": (0.1, 3600.0, "seconds"), "memory_mb": (64, 65536, "MiB"),
+    "nproc": (1, 256, "processes"), "output_bytes": (1, 1 << 30, "bytes"), "file_bytes": (0, 1 << 30, "bytes"),
+    "nofile": (16, 4096, "descriptors"), "tmp_mb": (1, 4096, "MiB"), "value_bytes": (1024, 1 << 30, "bytes"),
+    "report_bytes": (1024, 1 << 31, "bytes"),
+}
+
+
+def check_limits(values: dict, where: str = "sandbox Limits") -> None:
+    """ConfigError naming `<where>.<name>` and its range for each value of `values` that LIMIT_RANGES bounds and
+    that is out of range or of the wrong type (a float limit takes an int too; an int limit only an int).
+
+    >>> check_limits({"memory_mb": 0}, "data.task_args")
+    Traceback (most recent call last):
+    ...
+    tinyrl.errors.ConfigError: data.task_args.memory_mb: must be an integer from 64 to 65536 (MiB), got 0
+    """
+    for name, v in values.items():
+        if name not in LIMIT_RANGES:
+            continue
+        lo, hi, unit = LIMIT_RANGES[name]
+        number = isinstance(lo, float)
+        ok = type(v) in ((int, float) if number else (int,)) and lo <= v <= hi  # NaN compares False: refused
+        if not ok:
+            raise ConfigError(f"{where}.{name}: must be {'a number' if number else 'an integer'} from {lo} to "
+                              f"{hi} ({unit}), got {v!r:.60}")
 
 
 @dataclass
@@ -93,6 +144,9 @@ class Limits:
     tmp_mb: int = 16  # size of its /tmp
     value_bytes: int = 1 << 20  # largest reported value of one check
     report_bytes: int = 8 << 20  # everything it may report
+
+    def __post_init__(self):
+        check_limits(vars(self))  # out of range, every run would crash in the sandbox and score 0
 
 
 @dataclass
@@ -139,16 +193,17 @@ def _default_hide() -> list[str]:
 
 def run_tests(code: str, tests: str | list | dict, entry_point: str | None = None,
               limits: Limits | None = None, hide: list[str] | None = None, namespaces: bool = True,
-              weak_isolation: bool = False) -> SandboxResult:
+              weak_isolation: bool = False, landlock: bool = True, chroot: bool = True) -> SandboxResult:
     """Run `code`, then the grader's `tests` in the sandbox; one pass/fail per check.
 
     `tests`: assert statements, HumanEval's `def check(candidate)` (with `entry_point`), or
     stdin/stdout cases (see `parse_tests`). `hide`: directories to cover (default: home
-    directories and the current directory). `namespaces=False` skips the namespaces
-    (rlimits and the uid only), as on a host that does not allow them. Without a mount
-    namespace (skipped, or refused by the host) the run is refused (status "error") unless
+    directories and the current directory). Without a mount namespace the files are kept
+    apart by Landlock where the kernel has it, else (as root) by a chroot into an empty
+    directory; with none of the three the run is refused (status "error") unless
     `weak_isolation=True`: the code could then read world-readable files and write
-    world-writable folders of the host.
+    world-writable folders of the host. `namespaces=False`, `landlock=False`, `chroot=False`
+    skip that layer, as on a host that does not allow it (the tests run every fallback so).
     """
     limits = limits or Limits()
     steps, checks = parse_tests(tests, entry_point)
@@ -162,8 +217,8 @@ def run_tests(code: str, tests: str | list | dict, entry_point: str | None = Non
     os.chmod(workdir, 0o700)
     job = {"code": code, "steps": steps, "io": any(c.kind == "io" for c in checks), "limits": vars(limits),
            "uid": uid, "gid": uid, "judge_uid": judge_uid, "workdir": workdir, "entry_point": entry_point,
-           "hide": _default_hide() if hide is None else hide, "preload": PRELOAD, "namespaces": namespaces,
-           "require_mount": not weak_isolation}
+           "hide": _default_hide() if hide is None else hide, "preload": PRELOAD, "preload_more": PRELOAD_MORE,
+           "namespaces": namespaces, "landlock": landlock, "chroot": chroot, "require_fs": not weak_isolation}
     r, w = os.pipe()
     out_r, out_w = os.pipe()  # stdout + stderr: a pipe, so the code cannot truncate or seek back what it wrote
     key_r, key_w = os.pipe()  # the key, on a pipe of its own: read by the child once its worker exists
@@ -288,10 +343,12 @@ class _Reader:
 def _result(msgs, done, checks, output: bytes, wall, limits, over: bool = False) -> SandboxResult:
     ready = msgs[0] if msgs and "ready" in msgs[0] else {}
     iso = ready.get("ready", {}) if isinstance(ready.get("ready"), dict) else {}
-    if str(ready.get("fatal", "")).startswith("refused") and "refused" not in _warned:
+    refused = str(ready.get("fatal", "")).startswith("refused")
+    if refused and "refused" not in _warned:
         _warned.add("refused")
         log.warning("code sandbox: %s; until then every code sample is excluded (scored None)", ready["fatal"])
-    _warn_isolation(iso)
+    if not refused:
+        _warn_isolation(iso)
     passed, seen = [False] * len(checks), set()
     load_error = ready.get("fatal")
     exit_code = None
@@ -321,9 +378,9 @@ def _result(msgs, done, checks, output: bytes, wall, limits, over: bool = False)
 
 
 def _warn_isolation(iso: dict) -> None:
-    """One warning per combination of missing layers, saying what that leaves open."""
+    """One warning per combination of missing layers, saying what that leaves open and what holds instead."""
     missing = [k for k in ("net", "mount", "pid", "ipc", "seccomp") if iso and not iso.get(k)]
-    key = ",".join(missing)
+    key = ",".join(missing) + f"/{iso.get('fs')}"
     if not missing or key in _warned:
         return
     _warned.add(key)
@@ -333,7 +390,10 @@ def _warn_isolation(iso: dict) -> None:
         if "ipc" in missing:
             what.append("SysV IPC is shared with the host")
     if "mount" in missing:
-        what.append("files are protected only by permissions" if iso.get("root")
-                    else "the code runs as your user and can read and write your files")
+        what.append({"landlock": f"files: Landlock (ABI {iso.get('landlock')}) lets it read only the system's and "
+                                 "Python's directories and write only its own",
+                     "chroot": "files: a chroot into its own empty directory (it imports only what was preloaded)"
+                     }.get(iso.get("fs"), "files are protected only by permissions" if iso.get("root")
+                           else "the code runs as your user and can read and write your files"))
     log.warning("code sandbox: missing %s; %s", "/".join(missing),
                 "; ".join(what) or "the remaining layers still hold (see tinyrl.rewards.sandbox)")

@@ -2,8 +2,9 @@
 
 `parse_tests` turns a row's tests (asserts, HumanEval's `check(candidate)`, stdin/stdout
 cases) into steps for the sandbox child and `Check`s that stay in the host; `judge` decides
-one check from what the child reported. The expected value of a literal check never
-leaves the host.
+one check from what the child reported, on the value rebuilt from the host's own classes
+(`_sandbox_values`: a returned Counter equals the dict of its counts, a Match is true, an object
+of the solution is no value and fails). The expected value of a literal check never leaves the host.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import ast
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from tinyrl.rewards._sandbox_values import decode
 
 
 @dataclass
@@ -114,20 +117,6 @@ def parse_tests(tests: str | list | dict, entry_point: str | None = None) -> tup
     return steps, checks
 
 
-def _decode(v):
-    if isinstance(v, dict):
-        (tag, items), = v.items()
-        if tag == "D":
-            return {_decode(k): _decode(x) for k, x in items}
-        if tag == "B":
-            return bytes.fromhex(items)
-        if tag == "C":
-            return complex(*items)
-        items = [_decode(x) for x in items]
-        return {"L": list, "T": tuple, "S": set, "F": frozenset}[tag](items)
-    return v
-
-
 def judge(check: Check, msg: dict) -> bool:
     """Whether the child's report `msg` passes `check` (a malformed report fails)."""
     if "err" in msg:
@@ -137,7 +126,7 @@ def judge(check: Check, msg: dict) -> bool:
     if "v" not in msg:
         return False
     try:
-        value = _decode(msg["v"])
+        value = decode(msg["v"])  # the host's own classes; a handle (an object of the solution) fails
         if check.kind == "equal":
             return bool(value == check.expected)
         if check.kind == "io":

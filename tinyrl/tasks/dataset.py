@@ -17,8 +17,8 @@ come from your functions.
 
 from __future__ import annotations
 
+import logging
 import random
-import string
 from typing import Any
 
 from tinyrl.datasets_source import load_splits, take_rows
@@ -27,6 +27,10 @@ from tinyrl.registry import Registry
 from tinyrl.rewards.math import find_boxed, find_gsm8k, gold_answer, math_scores
 from tinyrl.tasks.base import Task
 from tinyrl.tasks.gsm8k import answer_of as gsm8k_answer_of
+from tinyrl.templates import fields as template_fields
+from tinyrl.templates import render
+
+log = logging.getLogger("tinyrl.data")
 
 ANSWER_COLUMNS = ("answer", "solution")  # looked for, in order, when data.columns names no answer column
 
@@ -70,21 +74,6 @@ ANSWER_EXTRACTORS = Registry("data.answer_extractor", {
 })
 
 
-def template_fields(template: str) -> list[str]:
-    """The column names a prompt template formats in.
-
-    >>> template_fields("{question}\\nAnswer in \\\\boxed{{}}. {meta[level]}")
-    ['question', 'meta']
-    """
-    out = []
-    for _, name, _, _ in string.Formatter().parse(template):
-        if name:
-            key = name.split(".", 1)[0].split("[", 1)[0]
-            if key not in out:
-                out.append(key)
-    return out
-
-
 def prompt_text(value: Any, where: str) -> str:
     """A prompt column's value as the user turn: a string, or a one-user-turn message list."""
     if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
@@ -103,45 +92,46 @@ class Columns:
     """Where a row's prompt and gold answer come from (the data section's mapping, checked against the
     dataset's columns)."""
 
-    def __init__(self, cfg_data, names: list[str], source: str):
-        cols = dict(cfg_data.columns)
+    def __init__(self, cfg_data, names: list[str], source: str, field: str = "data"):
+        cols = dict(cfg_data.columns)  # `field`: the section an error names (data, or data.mix[i] for a mix's source)
         self.template = cfg_data.prompt_template
         self.prompt = cols.get("prompt", cfg_data.prompt_column)
         if self.template is not None:
-            missing = [f for f in template_fields(self.template) if f not in names]
+            missing = [f for f in template_fields(self.template, f"{field}.prompt_template") if f not in names]
             if missing:
-                raise ConfigError(f"data.prompt_template: names {missing}, not columns of {source!r}; "
+                raise ConfigError(f"{field}.prompt_template: names {missing}, not columns of {source!r}; "
                                   f"its columns: {names}")
         elif self.prompt not in names:
-            field = "data.columns.prompt" if "prompt" in cols else "data.columns.prompt (default: data.prompt_column)"
-            raise ConfigError(f"{field}: {source!r} has no column {self.prompt!r}; its columns: {names} "
-                              f"(or write the prompt with data.prompt_template)")
+            where = f"{field}.columns.prompt" + ("" if "prompt" in cols else " (default: data.prompt_column)")
+            raise ConfigError(f"{where}: {source!r} has no column {self.prompt!r}; its columns: {names} "
+                              f"(or write the prompt with {field}.prompt_template)")
         if "answer" in cols:  # null: the dataset's answers are not gold answers (no verifier)
             self.answer = cols["answer"]
         else:
             self.answer = next((c for c in ANSWER_COLUMNS if c in names), None)
         if self.answer is not None and self.answer not in names:
-            raise ConfigError(f"data.columns.answer: {source!r} has no column {self.answer!r}; its columns: {names}")
+            raise ConfigError(f"{field}.columns.answer: {source!r} has no column {self.answer!r}; its columns: {names}")
         if self.answer is None and cfg_data.answer_extractor != "auto":
-            raise ConfigError(f"data.answer_extractor {cfg_data.answer_extractor!r} needs an answer column: set "
-                              f"data.columns.answer to one of {names}")
+            raise ConfigError(f"{field}.answer_extractor {cfg_data.answer_extractor!r} needs an answer column: set "
+                              f"{field}.columns.answer to one of {names}")
         self.extract = ANSWER_EXTRACTORS[cfg_data.answer_extractor]
         self.extractor = cfg_data.answer_extractor
+        self.field = field
 
-    def row(self, raw: dict, where: str) -> dict:
-        """One dataset row as a task row: its columns, `prompt`, and `gold` (+ `answer`) when it has one."""
+    def row(self, raw: dict, where: str) -> dict | None:
+        """One dataset row as a task row: its columns, `prompt`, and `gold` (+ `answer`) when it has one.
+        None: a row whose answer column is null or empty (no gold to verify against: the caller drops it)."""
         row = dict(raw)
         if self.template is not None:
-            try:
-                row["prompt"] = prompt_text(self.template.format_map(raw), where)
-            except (KeyError, IndexError, AttributeError, ValueError) as e:
-                raise ConfigError(f"data.prompt_template: {where}: cannot format it ({type(e).__name__}: {e})") from None
+            row["prompt"] = prompt_text(render(self.template, raw, f"{self.field}.prompt_template ({where})"), where)
         else:
             row["prompt"] = prompt_text(raw[self.prompt], f"{where}, column {self.prompt!r}")
         if self.answer is not None:
+            if raw[self.answer] is None or (isinstance(raw[self.answer], str) and not raw[self.answer].strip()):
+                return None
             gold = self.extract(raw[self.answer])
             if not gold:
-                raise ConfigError(f"data.answer_extractor {self.extractor!r}: {where}: no answer in column "
+                raise ConfigError(f"{self.field}.answer_extractor {self.extractor!r}: {where}: no answer in column "
                                   f"{self.answer!r} ({str(raw[self.answer])[-80:]!r}); "
                                   f"the extractors: {sorted(ANSWER_EXTRACTORS)}")
             row["gold"] = gold
@@ -170,15 +160,16 @@ def sample_indices(n: int, k: int, seed: int, what: str) -> list[int]:
     return order[:k]
 
 
-def dataset_rows(cfg_data) -> tuple[list[dict], list[dict], Task | None]:
-    """(train rows, held-out rows, the verifier task or None) of `data.dataset` (see the module docstring)."""
+def dataset_rows(cfg_data, field: str = "data") -> tuple[list[dict], list[dict], Task | None]:
+    """(train rows, held-out rows, the verifier task or None) of `data.dataset` (see the module docstring);
+    `field`: the section its errors name (`data`, or `data.mix[i]` for one source of a mix: tinyrl.tasks.mix)."""
     source, split, eval_split = cfg_data.dataset, cfg_data.split, cfg_data.eval_split
-    splits = load_splits(source, cfg_data.config, [split] + ([eval_split] if eval_split else []))
+    splits = load_splits(source, cfg_data.config, [split] + ([eval_split] if eval_split else []), field)
     train_ds = splits[split]
-    cols = Columns(cfg_data, list(train_ds.column_names), source)
+    cols = Columns(cfg_data, list(train_ds.column_names), source, field)
     if eval_split:
         eval_ds = splits[eval_split]
-        Columns(cfg_data, list(eval_ds.column_names), f"{source}, split {eval_split}")
+        Columns(cfg_data, list(eval_ds.column_names), f"{source}, split {eval_split}", field)
         train_idx = sample_indices(len(train_ds), cfg_data.num_train, cfg_data.seed, "train")
         held_idx, held_ds = sample_indices(len(eval_ds), cfg_data.num_eval, cfg_data.seed, "eval"), eval_ds
     else:
@@ -186,12 +177,28 @@ def dataset_rows(cfg_data) -> tuple[list[dict], list[dict], Task | None]:
                                             cfg_data.eval_fraction, cfg_data.seed)
         held_ds = train_ds
     if not train_idx:
-        raise ConfigError(f"data.dataset: {source!r}, split {split!r} has no rows to train on "
+        raise ConfigError(f"{field}.dataset: {source!r}, split {split!r} has no rows to train on "
                           f"({len(train_ds)} rows, data.eval_fraction {cfg_data.eval_fraction})")
-    train = [cols.row(r, f"split {split!r}, row {i}") for i, r in zip(train_idx, take_rows(train_ds, train_idx))]
-    held_name = eval_split or f"{split} (held out)"
-    held = [cols.row(r, f"split {held_name!r}, row {i}") for i, r in zip(held_idx, take_rows(held_ds, held_idx))]
+    train = _rows(cols, split, train_idx, take_rows(train_ds, train_idx), source)
+    if not train:
+        raise ConfigError(f"{field}.columns.answer: every row of {source!r}, split {split!r} that was drawn has a null "
+                          f"or empty {cols.answer!r}: nothing to verify against (data.columns.answer: null trains "
+                          f"on your reward functions alone)")
+    held = _rows(cols, eval_split or f"{split} (held out)", held_idx, take_rows(held_ds, held_idx), source)
     return train, held, (TASK if cols.answer is not None else None)
+
+
+def _rows(cols: Columns, split: str, idx: list[int], raws, source: str) -> list[dict]:
+    """Task rows of one split; rows with no answer are dropped, with one warning naming how many and which."""
+    rows, empty = [], []
+    for i, raw in zip(idx, raws):
+        row = cols.row(raw, f"split {split!r}, row {i}")
+        (rows if row is not None else empty).append(row if row is not None else i)
+    if empty:
+        log.warning("data.dataset %r, split %r: %d of %d rows have a null or empty answer column %r and were "
+                    "left out (rows %s)", source, split, len(empty), len(idx), cols.answer,
+                    ", ".join(map(str, empty[:10])) + (", ..." if len(empty) > 10 else ""))
+    return rows
 
 
 class DatasetTask(Task):
