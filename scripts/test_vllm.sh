@@ -25,4 +25,4 @@ if ! bash "$REPO/scripts/vllm_test_env.sh" "$VENV" >"$log" 2>&1; then
     exit 0
 fi
 tail -2 "$log"
-cd "$REPO" && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/rollout/test_vllm_int8.py tests/rollout/test_vllm_session.py tests/rollout/test_vllm_async.py
+cd "$REPO" && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/rollout/test_vllm_int8.py tests/rollout/test_vllm_session.py tests/rollout/test_vllm_async.py tests/rollout/test_vllm_server.py

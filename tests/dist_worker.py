@@ -5,7 +5,8 @@ run alone: trains a preset with overrides through the public API, then writes wh
 
 TINYRL_TEST_OOM_RANK=r: rank r's first policy-loss call raises an out-of-memory error.
 OUT_DIR/pid<r>: this rank's process id, written first. OUT_DIR/rank<r>.pt: {"world": processes, "adapter": this rank's trainable tensors (after training),
-"trained_rows": rows each policy_update call trained on (per call, this rank)}.
+"trained_rows": rows each policy_update call trained on (per call, this rank), "groups": the groups of this rank's
+batch each step}.
 """
 
 import os
@@ -36,6 +37,15 @@ def main(argv: list[str]) -> None:
         return result
 
     trainer_mod.policy_update = counting_update
+    groups: list[int] = []
+    real_collect = trainer_mod.Trainer.collect_batch
+
+    def counting_collect(self):  # this rank's groups each step (whole groups, as many on every rank)
+        batch, stats = real_collect(self)
+        groups.append(int(batch.group.max()) + 1 if batch.num_rows else 0)
+        return batch, stats
+
+    trainer_mod.Trainer.collect_batch = counting_collect
     if os.environ.get("TINYRL_TEST_OOM_RANK") == os.environ.get("RANK", "0"):  # one injected OOM on this rank
         from tinyrl import update
 
@@ -56,7 +66,7 @@ def main(argv: list[str]) -> None:
     d = distributed.setup()
     adapter = {n: p.detach().cpu().clone() for n, p in t.model.named_parameters() if p.requires_grad}
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"world": d.world, "adapter": adapter, "trained_rows": calls, "run": str(t.run.path)},
+    torch.save({"world": d.world, "adapter": adapter, "trained_rows": calls, "groups": groups, "run": str(t.run.path)},
                out / f"rank{d.rank}.pt")
     distributed.shutdown()
 

@@ -17,7 +17,7 @@ import torch
 
 from tinyrl.config import ConfigError, load_config
 from tinyrl.data import PromptSource
-from tinyrl.distributed import Dist, check_world, gather_rows, global_advantages, launch_command, shard
+from tinyrl.distributed import Dist, gather_rows, global_advantages, launch_command, shard
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = str(REPO / "tests" / "dist_worker.py")
@@ -57,11 +57,13 @@ def test_a_prompt_samples_the_same_in_any_batch(tiny_model_dir):
     assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in together]
 
 
-def test_groups_never_split_the_batch_must_divide():
-    check_world(8, 2)
-    with pytest.raises(ConfigError, match=r"train.prompts_per_step: 6 prompts do not split over 4 processes"):
-        check_world(6, 4)
-    with pytest.raises(ConfigError, match=r"train.prompts_per_step: must divide by dist.nproc = 4"):
+def test_groups_never_split_the_batch_must_divide(monkeypatch):
+    load_config("tiny_grpo_cpu", {"dist.nproc": 2, "train.prompts_per_step": 8, "train.micro_batch_size": 8})
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher's world counts as much as dist.nproc
+    with pytest.raises(ConfigError, match=r"train.prompts_per_step: must divide by the 4 processes"):
+        load_config("tiny_grpo_cpu", {"train.prompts_per_step": 6, "train.micro_batch_size": 8})
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(ConfigError, match=r"train.prompts_per_step: must divide by the 4 processes \(dist.nproc = 4"):
         load_config("tiny_grpo_cpu", {"dist.nproc": 4, "train.prompts_per_step": 6, "train.micro_batch_size": 8})
 
 
@@ -161,6 +163,40 @@ def test_two_processes_compute_what_one_computes(tmp_path, variant):
                 assert r2.get(key) is None, key
             else:
                 assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), (r1["step"], key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [
+    ["rollout.max_staleness=1", "rollout.max_new_tokens=12"],  # partial rollouts: a pool that outlives the step
+    ["rollout.max_staleness=1", "rollout.overlap=true"],  # one-step-off: collected on a thread, beside the update
+], ids=["partial", "one_step_off"])
+def test_two_processes_train_on_the_groups_one_process_trains_on_asynchronously(tmp_path, variant):
+    """Asynchronous rollouts over 2 processes (tinyrl.sources.partial, overlap): the ranks decode their own groups,
+    agree on the step's groups, and train on the groups one process trains on (the same prompts, samples,
+    rewards, staleness), each rank on the same number of whole groups."""
+    port = 29610 + abs(hash(tuple(variant))) % 300
+    variant = [*variant, "log.samples_per_step=64"]  # every row of every step's batch in samples.jsonl
+    one, m1 = _run(1, tmp_path, "one", variant, port)
+    two, m2 = _run(2, tmp_path, "two", variant, port)
+    a, b0, b1 = one[0]["adapter"], two[0]["adapter"], two[1]["adapter"]
+    assert all(torch.equal(b0[k], b1[k]) for k in b0)
+    moved = max(float((a[k] - b0[k]).abs().max()) for k in a)
+    assert all(torch.allclose(a[k], b0[k], atol=5e-5, rtol=1e-4) for k in a), f"max diff {moved}"
+    assert two[0]["groups"] == two[1]["groups"] == [4, 4, 4]  # whole groups, as many on each rank
+    keys = SAME_EVERYWHERE + ("staleness_mean", "staleness_max", "carried_groups", "stale_dropped_groups")
+    assert len(m1) == len(m2) == 3
+    for r1, r2 in zip(m1, m2):
+        for key in keys:
+            if r1.get(key) is None:
+                assert r2.get(key) is None, key
+            else:
+                assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), (r1["step"], key)
+    from tinyrl.runs import read_jsonl
+
+    texts = lambda name: [(s["step"], s["prompt"], s["completion"]) for s in read_jsonl(tmp_path / "runs" / name / "samples.jsonl")]  # noqa: E731
+    assert texts("one") == texts("two")  # the same samples, in the same order
+    if "rollout.overlap=true" not in variant:
+        assert any(r["carried_groups"] for r in m1)  # groups did carry over a step
 
 
 @pytest.mark.slow

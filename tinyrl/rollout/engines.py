@@ -1,5 +1,6 @@
-"""Building the run's rollout engine (`rollout.engine`: hf, vllm, stale) and rendering prompts the way
-it sees them. vLLM is the `vllm` extra: its engine module loads when a run asks for it."""
+"""Building the run's rollout engine (`rollout.engine`: hf, vllm, vllm_server, stale) and rendering prompts the
+way it sees them. vLLM is the `vllm` extra: its engine module loads when a run asks for it; vllm_server talks HTTP
+to vLLM servers in other processes (tinyrl/rollout/vllm_server.py), so the trainer's venv needs no vLLM."""
 
 from __future__ import annotations
 
@@ -22,11 +23,17 @@ def _vllm(model, tokenizer, cfg, seed):
     return VLLMEngine.from_run(model, tokenizer, cfg, seed=seed)
 
 
+def _vllm_server(model, tokenizer, cfg, seed):
+    from tinyrl.rollout.vllm_server import ServerEngine  # HTTP to vLLM servers (the standard library): no vllm here
+
+    return ServerEngine.from_run(model, tokenizer, cfg, seed=seed)
+
+
 def _stale(model, tokenizer, cfg, seed):  # broken on purpose: tests the stale-weights canary
     return StaleEngine(model, tokenizer, seed=seed)
 
 
-ENGINES = {"hf": _hf, "vllm": _vllm, "stale": _stale}
+ENGINES = {"hf": _hf, "vllm": _vllm, "vllm_server": _vllm_server, "stale": _stale}
 
 
 def make_engine(name: str, model, tokenizer, cfg, seed: int = 0, task=None):
