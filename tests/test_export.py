@@ -52,8 +52,8 @@ def push_adapter_away_from_zero(adapter: Path, scale: float = 0.5, seed: int = 0
 
 
 @pytest.fixture(scope="module")
-def lora_run(tiny_model_dir, tmp_path_factory):
-    return trained_run(tiny_model_dir, tmp_path_factory.mktemp("runs"))
+def lora_run(tiny_model_dir, tmp_path_factory):  # with pass@k / maj@k before and after: the card's metrics
+    return trained_run(tiny_model_dir, tmp_path_factory.mktemp("runs"), **{"train.eval_samples": 2})
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +254,126 @@ def test_model_card_holds_the_run_facts(lora_run, qlora_run):
     merged = model_card(qlora_run, kind="merged", dtype="bfloat16")
     assert "library_name: transformers" in merged and "- qlora" in merged
     assert "nf4 (QLoRA)" in merged and "16-bit base + adapter" in merged
+
+
+def copy_of_run(run: Path, to: Path, **changes) -> Path:
+    """A run folder holding `run`'s config.yaml (sections updated by `changes`) and summary.json: what a
+    card is written from (the shared run folder itself is left as it was)."""
+    import yaml
+
+    to.mkdir(parents=True)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    for section, values in changes.items():
+        cfg.setdefault(section, {}).update(values)
+    (to / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (to / "summary.json").write_text((run / "summary.json").read_text())
+    return to
+
+
+def test_model_card_eval_results_round_trip_through_model_card_load(lora_run, tmp_path):
+    """The card's front matter is ModelCardData with a model-index: ModelCard.load reads back every
+    held-out result (greedy before/after, pass@k / maj@k before/after, the newest `tinyrl eval` file)
+    with its value, task type and dataset; lm-eval scores added with the hook round-trip too."""
+    from huggingface_hub import ModelCard
+
+    from tinyrl.evaluation import EvalReport, SampledEval, write_eval
+    from tinyrl.hub_push import add_lm_eval_results, model_card
+
+    run = copy_of_run(lora_run, tmp_path / "tiny_grpo_cpu")
+    summary = json.loads((run / "summary.json").read_text())
+    sampled = summary["details"]["eval_sampled"]
+    assert set(sampled) == {"before", "after"} and sampled["after"]["pass@k"]  # the run measured them
+    write_eval(EvalReport(0.375, 8, sampled=SampledEval(4, 0.7, [1, 4], {1: 0.25, 4: 0.5}, {1: 0.25, 4: 0.375})), run)
+    path = tmp_path / "README.md"
+    path.write_text(model_card(run, kind="adapter", repo_id="me/tiny"))
+    data = ModelCard.load(path).data
+    assert data.library_name == "peft" and data.pipeline_tag == "text-generation"
+    assert {"tinyrl", "grpo", "reinforcement-learning", "rlvr", "lora"} <= set(data.tags)
+    assert data.base_model is None and data.license is None and data.datasets is None  # a local, unlicensed base;
+    # generated arithmetic prompts (no hub dataset)
+    got = data.eval_results
+    assert {(r.task_type, r.dataset_type, r.dataset_name) for r in got} == {
+        ("text-generation", "tinyrl/arithmetic", "tinyrl/arithmetic held-out")}
+    want = [("accuracy", summary["eval_before"], True, None), ("accuracy", summary["eval_after"], False, None)]
+    for when in ("before", "after"):
+        for kind in ("pass@k", "maj@k"):
+            want += [(f"{kind[:-1]}{k}", v, when == "before", None) for k, v in (sampled[when][kind] or {}).items()]
+    (eval_file,) = run.glob("eval-*.json")
+    want += [("accuracy", 0.375, False, eval_file.stem), ("pass@1", 0.25, False, eval_file.stem),
+             ("pass@4", 0.5, False, eval_file.stem), ("maj@1", 0.25, False, eval_file.stem),
+             ("maj@4", 0.375, False, eval_file.stem)]
+    assert sorted((r.metric_type, r.metric_value, "before training" in r.metric_name, r.metric_config) for r in got) \
+        == sorted(want, key=lambda w: (w[0], w[1], w[2], w[3] or ""))
+    assert {r.metric_args["samples"] for r in got if r.metric_type.startswith(("pass@", "maj@"))} == {2, 4}
+
+    card = add_lm_eval_results(ModelCard.load(path), {"arc_easy": {
+        "alias": "arc_easy", "acc,none": 0.5, "acc_stderr,none": 0.125, "acc_norm,none": 0.625}})
+    card.save(tmp_path / "with-lm-eval.md")
+    lm = [r for r in ModelCard.load(tmp_path / "with-lm-eval.md").data.eval_results if r.dataset_type == "arc_easy"]
+    assert [(r.metric_type, r.metric_value, r.metric_args, r.source_name) for r in lm] == [
+        ("acc", 0.5, {"stderr": 0.125}, "lm-evaluation-harness"), ("acc_norm", 0.625, None, "lm-evaluation-harness")]
+
+
+def test_model_card_license_is_the_bases_and_never_invented(lora_run, tiny_model_dir, tmp_path, monkeypatch):
+    """The base's license comes from its card's front matter or its config.json, found on this machine
+    (a local folder, or the hub cache for a hub id: nothing is downloaded); none found: no license key."""
+    import shutil
+
+    import huggingface_hub.constants
+    from huggingface_hub import ModelCard
+
+    from tinyrl.hub_push import GSM8K_HUB_ID, model_card
+
+    def base(name, readme=None, config_license=None):
+        folder = tmp_path / name
+        shutil.copytree(tiny_model_dir, folder)
+        if readme is not None:
+            (folder / "README.md").write_text(readme)
+        if config_license is not None:
+            cfg = json.loads((folder / "config.json").read_text())
+            (folder / "config.json").write_text(json.dumps({**cfg, "license": config_license}))
+        return str(folder)
+
+    runs = iter(range(100))
+
+    def card(model, **data):
+        run = copy_of_run(lora_run, tmp_path / f"run-{next(runs)}", model={"name": model}, data=data)
+        text = model_card(run)
+        return text, ModelCard(text).data
+
+    _, d = card(base("apache", "---\nlicense: apache-2.0\nlanguage: en\n---\n# a base\n"))
+    assert d.license == "apache-2.0"
+    _, d = card(base("other", "---\nlicense: other\nlicense_name: acme-1\nlicense_link: https://acme.test/l\n---\n"))
+    assert (d.license, d.license_name, d.license_link) == ("other", "acme-1", "https://acme.test/l")
+    _, d = card(base("in-config", config_license="mit"))
+    assert d.license == "mit"
+    text, d = card(base("no-front-matter", "# a base with no metadata\n"))
+    assert d.license is None and "license" not in text.split("\n---\n")[0]
+    text, d = card(tiny_model_dir)
+    assert d.license is None and "license" not in text.split("\n---\n")[0]
+
+    cache = tmp_path / "hub-cache"  # the hub cache's own layout: refs/main -> snapshots/<commit>/
+    snapshot = cache / "models--acme--base-1b" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "README.md").write_text("---\nlicense: llama3.2\n---\n")
+    (cache / "models--acme--base-1b" / "refs").mkdir()
+    (cache / "models--acme--base-1b" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    _, d = card("acme/base-1b", task="gsm8k")
+    assert (d.license, d.base_model, d.datasets) == ("llama3.2", "acme/base-1b", [GSM8K_HUB_ID])
+    assert {r.dataset_type for r in d.eval_results} == {GSM8K_HUB_ID}
+    _, d = card("acme/not-cached", task="dataset", dataset="acme/prompts", config="main")
+    assert (d.license, d.base_model, d.datasets) == (None, "acme/not-cached", ["acme/prompts"])
+    assert {(r.dataset_type, r.dataset_config) for r in d.eval_results} == {("acme/prompts", "main")}
+
+
+def test_the_cards_gsm8k_default_is_the_tasks():
+    """hub_push names the gsm8k task's default dataset without importing the task (it imports the
+    reward stack): the two must agree."""
+    from tinyrl.hub_push import GSM8K_HUB_ID
+    from tinyrl.tasks.gsm8k import HUB_ID
+
+    assert GSM8K_HUB_ID == HUB_ID
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from tinyrl.errors import ConfigError
 from tinyrl.runs import read_jsonl
 from tinyrl.trackers import TRACKERS
 from tinyrl.trackers.base import Tracker
-from tinyrl.trackers.fanout import STATE_FILE
+from tinyrl.trackers.fanout import STATE_FILE, open_trackers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,6 +111,9 @@ def wandb_records(path: Path) -> list:
             record.ParseFromString(buf)
             out.append(record)
     return out
+
+
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 def wandb_run(folder: Path) -> dict:
@@ -265,15 +269,108 @@ def test_a_tracker_that_is_not_installed_warns_once_naming_the_extra(tiny_model_
 
 
 def test_wandb_without_a_login_logs_offline(tiny_model_dir, run_root, wandb_offline, monkeypatch, caplog):
-    monkeypatch.delenv("WANDB_MODE")  # online asked for, no API key: wandb refuses; the run logs offline
+    """Online asked for, the host reachable, no API key: wandb refuses; the run logs offline. The host is a
+    socket listening on localhost (WANDB_BASE_URL), so the reachability probe passes with no network."""
+    import socket
+
+    monkeypatch.delenv("WANDB_MODE")
     monkeypatch.setenv("NETRC", str(Path(run_root).parent / "no-netrc"))
-    with caplog.at_level(logging.WARNING):
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server, caplog.at_level(logging.WARNING):
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
         run = train(**small(tiny_model_dir, run_root, "nologin", **{"log.report_to": ["wandb"],
                                                                     "train.eval_before_after": False}))
+    assert not any("cannot be reached" in r.getMessage() for r in caplog.records)
     state = json.loads((run.path / STATE_FILE).read_text())["wandb"]
     assert state["mode"] == "offline" and wandb_run(Path(state["dir"]))["history"][2]["loss"] == pytest.approx(
         run.metrics[1]["loss"])
     assert any("wandb login" in r.getMessage() and "offline" in r.getMessage() for r in caplog.records)
+
+
+def test_wandb_with_a_key_but_no_network_logs_offline_at_once(tmp_path, wandb_offline, monkeypatch, caplog):
+    """A key, online asked for (no WANDB_MODE), and a wandb host that cannot be reached: offline within
+    seconds, said once, not after wandb's 90 s init_timeout. The host is WANDB_BASE_URL under .invalid,
+    which never resolves (RFC 2606), so this holds on a machine with a network too; no proxy in between."""
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "f" * 40)  # a key of the right shape that no server ever sees
+    monkeypatch.setenv("WANDB_BASE_URL", "https://api.wandb.invalid")
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    _, cfg = load_config(None, {"log.report_to": ["wandb"]})
+    run = tmp_path / "run"
+    run.mkdir()
+    with caplog.at_level(logging.INFO):
+        t0 = time.monotonic()
+        trackers = open_trackers(cfg, run)
+        took = time.monotonic() - t0
+        trackers.log_step(1, {"step": 1, "loss": 0.5}, [], [])
+        trackers.close()
+    assert took < 15, f"wandb took {took:.1f} s to start offline"
+    state = json.loads((run / STATE_FILE).read_text())["wandb"]
+    assert state["mode"] == "offline" and "errors" not in state
+    assert wandb_run(Path(state["dir"]))["history"][1]["loss"] == 0.5
+    (said,) = tracker_warnings(caplog)
+    assert "https://api.wandb.invalid cannot be reached" in said and "logging offline" in said and "wandb sync" in said
+
+
+def test_the_reachability_probe_is_bounded_even_when_the_lookup_hangs(monkeypatch):
+    """A listening port is reachable, a closed one is not (real sockets on localhost); a name lookup that
+    never returns (the network: a boundary faked here with an Event) costs the probe's timeout, no more."""
+    import socket
+    import threading
+
+    from tinyrl.trackers import wandb_tracker
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert wandb_tracker.reachable(f"https://127.0.0.1:{port}", timeout=5)
+    assert not wandb_tracker.reachable(f"https://127.0.0.1:{port}", timeout=5)  # closed now: refused at once
+    for var in PROXY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    release = threading.Event()
+
+    def lookup_that_hangs(*a, **kw):
+        release.wait()
+        raise OSError("no answer")
+
+    monkeypatch.setattr(wandb_tracker.socket, "create_connection", lookup_that_hangs)
+    try:
+        t0 = time.monotonic()
+        assert not wandb_tracker.reachable("https://api.wandb.ai", timeout=0.5)
+        assert 0.5 <= time.monotonic() - t0 < 5
+    finally:
+        release.set()
+
+
+def test_trackio_store_that_is_a_file_is_a_counted_failure_naming_the_fix(tmp_path):
+    """TRACKIO_DIR naming a file: trackio itself would start and lose every metric (issue 49). Now the
+    tracker fails to open: one warning naming the fix, the failure counted in tracker.json, training
+    goes on. In a fresh interpreter: trackio reads TRACKIO_DIR when first imported."""
+    code = textwrap.dedent("""
+        import sys
+        from tinyrl.config import load_config
+        from tinyrl.trackers.fanout import open_trackers
+        _, cfg = load_config(None, {"log.report_to": ["trackio"]})
+        t = open_trackers(cfg, sys.argv[1])
+        t.log_step(1, {"step": 1, "loss": 0.5}, [], [])
+        t.close()
+    """)
+    store, run = tmp_path / "not-a-folder", tmp_path / "run"
+    store.write_text("a file")
+    run.mkdir()
+    p = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "TRACKIO_DIR": str(store)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if "log.report_to: trackio" in ln]
+    assert len(said) == 1 and f"TRACKIO_DIR={store} is a file, not a folder" in said[0]
+    assert "Fix: point TRACKIO_DIR at a writable folder" in said[0]
+    assert json.loads((run / STATE_FILE).read_text()) == {"trackio": {"errors": 1}}
+    assert store.read_text() == "a file"
 
 
 # --------------------------------------------------------------------------- config and import
@@ -302,7 +399,7 @@ def test_no_tracker_is_imported_when_report_to_is_empty(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "['tinyrl.trackers.base', 'tinyrl.trackers.fanout', " \
-                                                "'tinyrl.trackers.registry']"
+                                                "'tinyrl.trackers.guard', 'tinyrl.trackers.registry']"
 
 
 # --------------------------------------------------------------------------- the UI

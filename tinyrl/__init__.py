@@ -24,12 +24,14 @@ def evaluate(preset=None, adapter=None, **overrides):
     return _evaluate(preset, adapter=adapter, **overrides)
 
 
-def export(run_dir, merged=None, push=None, private=False, dtype="bfloat16", token=None):
+def export(run_dir, merged=None, push=None, private=False, dtype="bfloat16", token=None, gguf=None, gguf_type="f16"):
     """Export a finished run: `merged=OUT` writes its base with the adapter merged in (16-bit);
-    `push="USER/NAME"` uploads the merged model (or, without `merged`, the adapter) with a model card."""
+    `push="USER/NAME"` uploads the merged model (or, without `merged`, the adapter) with a model card;
+    `gguf="OUT.gguf"` writes the merged model as one GGUF file (llama.cpp, Ollama) of `gguf_type`."""
     from tinyrl.api import export as _export
 
-    return _export(run_dir, merged=merged, push=push, private=private, dtype=dtype, token=token)
+    return _export(run_dir, merged=merged, push=push, private=private, dtype=dtype, token=token, gguf=gguf,
+                   gguf_type=gguf_type)
 
 
 __all__ = ["train", "evaluate", "export", "__version__"]

@@ -1,4 +1,4 @@
-"""`tinyrl train|sft|eval|presets|plan|report|export|ui` — the command line. Every user-facing failure becomes
+"""`tinyrl train|sft|eval|presets|plan|report|export|serve|ui` — the command line. Every user-facing failure becomes
 one clear paragraph on stderr and a non-zero exit, never a traceback.
 
 The training stack (transformers, peft: tinyrl.api) and the UI (gradio) load inside the commands
@@ -10,14 +10,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from tinyrl import distributed
-from tinyrl.config import DEFAULT_PRESET, ConfigError, Resolved, RunConfig, list_presets, parse_override, resolve
+from tinyrl.config import (
+    DEFAULT_PRESET,
+    ConfigError,
+    Resolved,
+    RunConfig,
+    decide_dtype,
+    list_presets,
+    parse_override,
+    resolve,
+)
 from tinyrl.errors import USER_ERRORS
-from tinyrl.planner.report import run as plan_run
+from tinyrl.plan_report import run as plan_run
 from tinyrl.report import write_report
 from tinyrl.stop import StopSignals
 
@@ -60,6 +70,7 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
 def _relaunch(ns, preset: str | None, overrides: list[str], resolved: Resolved) -> int:
     """`--nproc N` (or a profile's dist.nproc > 1) outside a launcher: run this same command in N
     processes through `accelerate launch` with the packaged config; its exit code."""
+    from tinyrl import distributed
     n = resolved.cfg.dist.nproc
     args = ["train", *([preset] if preset else []), *overrides, f"dist.nproc={n}",
             *(["--profile", ns.profile] if ns.profile else []), *(["--resume", ns.resume] if ns.resume else [])]
@@ -73,11 +84,16 @@ def _overrides(texts: list[str]) -> dict:
 
 
 def cmd_train(ns) -> int:
-    from tinyrl.methods.runner import run_method  # the training stack: loaded when a run starts
+    from tinyrl import distributed  # the training stack (torch): loaded when a run starts
+    from tinyrl.methods.runner import run_method
 
     preset, overrides = _split(ns.args)
     if getattr(ns, "nproc", None) is not None:  # `tinyrl sft` has no --nproc
         overrides.append(f"dist.nproc={ns.nproc}")
+    if ns.resume and ns.resume.startswith("hub:"):  # a checkpoint pushed with log.hub_strategy=checkpoint
+        from tinyrl.hub_sync import resume_source
+
+        ns.resume = resume_source(ns.resume, _overrides(overrides))  # a new local run folder
     resolved = resolve(preset, ns.profile, _overrides(overrides), ns.resume)  # once, for the whole command
     if resolved.cfg.dist.nproc > 1 and distributed.launched_world() <= 1:
         return _relaunch(ns, preset, overrides, resolved)
@@ -138,6 +154,9 @@ def _k_list(values: list[str] | None) -> tuple[list[int] | None, list[str]]:
 def cmd_eval(ns) -> int:
     from tinyrl.api import evaluate  # the training stack: loaded when an evaluation starts
 
+    if ns.lm_eval is not None or ns.lm_eval_fewshot is not None or ns.lm_eval_limit is not None \
+            or ns.lm_eval_include is not None or ns.lm_eval_batch_size is not None:
+        return _lm_eval(ns, evaluate)
     ks, rest = _k_list(ns.k)  # `--k 1 4 16 a.b=1`: the words after the numbers are the command's own
     preset, overrides = _split(ns.args + rest)  # `eval a.b=1`: no preset
     kv = _overrides(overrides)
@@ -155,6 +174,26 @@ def cmd_eval(ns) -> int:
     return 0
 
 
+def _lm_eval(ns, evaluate) -> int:
+    """`tinyrl eval RUN --lm-eval TASKS`: the run folder is the positional (or --adapter), nothing else."""
+    if ns.lm_eval is None:
+        raise ConfigError("--lm-eval-fewshot, --lm-eval-limit, --lm-eval-include and --lm-eval-batch-size go with "
+                          "--lm-eval TASKS")
+    if ns.gaia is not None or ns.samples or ns.k or ns.temperature is not None:
+        raise ConfigError("--lm-eval: scores the run with the harness alone; --samples / --k / --temperature / --gaia "
+                          "are tinyrl's own evaluation: run `tinyrl eval` twice")
+    runs = [a for a in ns.args if "=" not in a] + ([ns.adapter] if ns.adapter else [])
+    if len(runs) != 1 or len(ns.args) != len(runs) - bool(ns.adapter):
+        raise ConfigError(f"--lm-eval: give one run folder, `tinyrl eval RUN --lm-eval TASKS` (no preset, no "
+                          f"overrides: the run's own config is used); got {ns.args + ([ns.adapter] if ns.adapter else [])}")
+    result = evaluate(adapter=runs[0], lm_eval=ns.lm_eval, lm_eval_fewshot=ns.lm_eval_fewshot,
+                      lm_eval_limit=ns.lm_eval_limit, lm_eval_include=ns.lm_eval_include,
+                      lm_eval_batch_size=1 if ns.lm_eval_batch_size is None else ns.lm_eval_batch_size)
+    print("\n".join(result.lines()))
+    print(f"written: {result.path}\n         {result.samples_path}")
+    return 0
+
+
 def cmd_report(ns) -> int:
     print(write_report(ns.run_dir))
     return 0
@@ -163,16 +202,38 @@ def cmd_report(ns) -> int:
 def cmd_export(ns) -> int:
     from tinyrl.api import export  # the training stack: loaded when an export starts
 
-    if not ns.merged and not ns.push:
-        raise ConfigError("export: give --merged OUT (a new folder for the merged model) and/or --push REPO_ID")
+    if not ns.merged and not ns.push and not ns.gguf:
+        raise ConfigError("export: give --merged OUT (a new folder for the merged model) and/or --push REPO_ID "
+                          "and/or --gguf OUT.gguf")
     if ns.private and not ns.push:
         raise ConfigError("--private: applies to --push REPO_ID; give --push too")
-    done = export(ns.run_dir, merged=ns.merged, push=ns.push, private=ns.private, dtype=ns.dtype)
+    done = export(ns.run_dir, merged=ns.merged, push=ns.push, private=ns.private, dtype=ns.dtype,
+                  gguf=ns.gguf, gguf_type=ns.gguf_type)
     if done.merged is not None:
         print(f"merged model ({ns.dtype}): {done.merged}")
+    if done.gguf is not None:
+        print(f"GGUF ({ns.gguf_type}): {done.gguf}")
     if done.url is not None:
         print(f"uploaded {'the merged model' if done.merged else 'the adapter'}: {done.url}")
     return 0
+
+
+def cmd_serve(ns) -> int:
+    """`tinyrl serve PRESET --devices ...`: the vLLM server(s) of the preset's rollout.engine vllm_server (tinyrl/serve.py)."""
+    from tinyrl import serve
+
+    preset, overrides = _split(ns.args)
+    # the trainer's memory plan and extras are the trainer's business; the dtype is this machine's, as the trainer's
+    cfg = decide_dtype(resolve(preset, ns.profile, _overrides(overrides), None, decide_auto=False).cfg)
+    launches = serve.launches(cfg, ns.devices, serve.find_vllm(ns.vllm) if not ns.dry_run else ns.vllm or "python",
+                              port=ns.port, host=ns.host)
+    for x in launches:
+        print(" ".join([*(f"{k}={v}" for k, v in x.env.items()), *x.cmd]), flush=True)
+    if ns.dry_run:
+        return 0
+    print(f"train against them with: rollout.engine=vllm_server rollout.server_url=[{','.join(x.url for x in launches)}]",
+          flush=True)
+    return serve.run(launches)
 
 
 def cmd_ui(ns) -> int:
@@ -200,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train", help="train a preset (default: the embedded tiny model)")
     t.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
     t.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run folder from its last checkpoint (or "
+                   "hub:USER/NAME[@REV]: a checkpoint pushed with log.hub_strategy=checkpoint, into a new folder)")
     t.add_argument("--nproc", type=int, metavar="N",
                    help="train in N processes (one per GPU) through accelerate launch (dist.nproc=N)")
     t.set_defaults(fn=cmd_train)
@@ -219,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="also sample N completions per prompt: pass@k and maj@k (written to the run folder)")
     e.add_argument("--temperature", type=float, metavar="T", help="their temperature (default: rollout.temperature)")
     e.add_argument("--k", nargs="+", metavar="K", help="the k of pass@k / maj@k (default: 1 2 4 ... N)")
+    e.add_argument("--lm-eval", metavar="TASKS", help="score RUN (the positional: a run folder) with lm-evaluation-harness "
+                   "tasks, comma-separated: gsm8k,arc_easy (pip install 'tinyrl-rlvr[lm-eval]')")
+    e.add_argument("--lm-eval-fewshot", type=int, metavar="N", help="few-shot examples (default: each task's own)")
+    e.add_argument("--lm-eval-limit", type=int, metavar="N", help="score the first N documents of each task")
+    e.add_argument("--lm-eval-include", metavar="DIR", help="a folder of task YAMLs of your own (local data_files)")
+    e.add_argument("--lm-eval-batch-size", type=int, metavar="N", help="documents per forward pass (default 1)")
     e.set_defaults(fn=cmd_eval)
     pl = sub.add_parser("plan", help="memory plan of a preset on a card: components, verdict, what fits")
     pl.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...]")
@@ -238,7 +306,19 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--push", metavar="REPO_ID", help="upload the merged model (with --merged) or the adapter, "
                                                      "with a model card, to this hub repo (USER/NAME)")
     x.add_argument("--private", action="store_true", help="create the hub repo private")
+    x.add_argument("--gguf", metavar="OUT.gguf", help="write the merged model as one GGUF file (llama.cpp, Ollama)")
+    x.add_argument("--gguf-type", default="f16", help="the GGUF weights' type: f16 (default), bf16, q8_0, f32")
     x.set_defaults(fn=cmd_export)
+    v = sub.add_parser("serve", help="start the vLLM server(s) a run with rollout.engine=vllm_server samples from")
+    v.add_argument("args", nargs="*", help="[PRESET] [section.field=value ...] (the run's own preset and overrides)")
+    v.add_argument("--profile", help="hardware profile defined in the preset (e.g. 8xh100)")
+    v.add_argument("--devices", nargs="+", default=[], metavar="DEV",
+                   help="one server per group: GPU ids (4, or 4,5 for tensor parallel 2), or CPU cores (cpu:1, cpu:0-3)")
+    v.add_argument("--port", type=int, help="listen on PORT, PORT+1, ... (default: the ports of rollout.server_url)")
+    v.add_argument("--host", default="127.0.0.1", help="interface to bind with --port (default 127.0.0.1)")
+    v.add_argument("--vllm", metavar="PYTHON", help="the python of a venv with vLLM (default: $TINYRL_VLLM, .venv-vllm)")
+    v.add_argument("--dry-run", action="store_true", help="print the server commands, start nothing")
+    v.set_defaults(fn=cmd_serve)
     u = sub.add_parser("ui", help="web UI to launch, watch, stop, resume and compare runs (pip install 'tinyrl-rlvr[ui]')")
     u.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1; others need --auth)")
     u.add_argument("--port", type=int, default=None, help="port (default: the first free one from 7860)")
@@ -258,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"tinyrl: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `tinyrl presets | head`: the reader left; nothing is wrong
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes stdout at exit
+        return 0
     except OSError as e:  # a full or read-only disk, a path that is a file, a run folder in use
         print(f"tinyrl: error: {_os_error_text(e)}", file=sys.stderr)
         return 2
@@ -272,5 +355,20 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def entry() -> None:
+    """The `tinyrl` command: `main`, then exit with its status, even when a worker thread of an abandoned step
+    (a stop past its deadline, tinyrl.stop) is still stuck: the interpreter would wait for it forever."""
+    rc = main()
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stuck:
+        logging.getLogger("tinyrl").warning("exiting with %d worker thread(s) still running: %s", len(stuck),
+                                            ", ".join(t.name for t in stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

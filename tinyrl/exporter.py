@@ -28,7 +28,6 @@ import shutil
 import time
 from pathlib import Path
 
-from tinyrl.config import resolve
 from tinyrl.errors import ConfigError
 from tinyrl.hub_push import model_card
 from tinyrl.model.load import (
@@ -79,14 +78,14 @@ def check_out(out: str | Path) -> Path:
     return out
 
 
-def merged_model(run_dir: str | Path, dtype: str = "bfloat16"):
-    """(merged transformers model, tokenizer, base ResolvedModel, run config): the run's base loaded
-    unquantized in `dtype`, its adapter applied with peft and merged (`merge_and_unload`)."""
+def merged_model(run_dir: str | Path, cfg, dtype: str = "bfloat16"):
+    """(merged transformers model, tokenizer, base ResolvedModel): the run's base (`cfg`, the run's own config
+    as the caller resolved it) loaded unquantized in `dtype`, its adapter applied with peft and merged
+    (`merge_and_unload`)."""
     from peft import PeftModel
 
     check_dtype(dtype)
     adapter = run_adapter(run_dir)
-    cfg = resolve(resume=run_dir, decide_auto=False).cfg  # the run's own config.yaml, read once
     model_cfg = dataclasses.replace(cfg.model, dtype=dtype, load_in_4bit=False, quantization="none")
     resolved = resolve_model(model_cfg.name, model_cfg.gguf_file)
     quiet_third_party_noise()
@@ -101,7 +100,7 @@ def merged_model(run_dir: str | Path, dtype: str = "bfloat16"):
     untie_if_adapted(base, adapter)
     model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     model.config.use_cache = True  # load_base_model turns it off for training; generation wants it
-    return model, _tokenizer(resolved), resolved, cfg
+    return model, _tokenizer(resolved), resolved
 
 
 def untie_if_adapted(model, adapter: Path) -> bool:
@@ -132,11 +131,12 @@ def _tokenizer(resolved: ResolvedModel):
     return AutoTokenizer.from_pretrained(resolved.path, **kw)
 
 
-def export_merged(run_dir: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
-    """Write the run's merged model to `out` (see the module docstring); returns `out`."""
+def export_merged(run_dir: str | Path, out: str | Path, cfg, dtype: str = "bfloat16") -> Path:
+    """Write the run's merged model to `out` (see the module docstring); returns `out`. `cfg`: the run's own
+    config (config.yaml), resolved once by the caller (tinyrl.api.export)."""
     check_dtype(dtype)
     out = check_out(out)
-    model, tok, resolved, cfg = merged_model(run_dir, dtype)
+    model, tok, _ = merged_model(run_dir, cfg, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()  # (not mkdtemp: its 0700 would become OUT's mode)

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import string
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Union
 
-from tinyrl.config.coerce import check
+from tinyrl.config.coerce import check, check_local
 from tinyrl.config.schema_agent import AgentConfig
+from tinyrl.config.schema_data import DataFilter, MixSource, check_columns, check_mix, check_split_spec
 from tinyrl.config.schema_methods import SelfImproveConfig, SFTConfig
 from tinyrl.config.schema_monitor import MonitorConfig
+from tinyrl.config.server_url import check_server_fields
+from tinyrl.templates import check_template
 from tinyrl.trackers.registry import TRACKERS  # names only: checking one imports no tracker
 
 
@@ -54,6 +57,8 @@ class ModelConfig:
 
 @dataclass
 class LoraConfig:
+    LIMITS = {"r": (1, 4096), "alpha": (1, 65536)}
+
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
@@ -67,7 +72,12 @@ class LoraConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm", "stale"] = "hf"  # stale: tinyrl/rollout/stale.py, a canary test
+    LIMITS = {"num_generations": (2, 1024), "max_new_tokens": (1, 131072), "max_model_len": (1, 10_000_000),
+              "max_staleness": (0, 64), "inflight_groups": (1, 65536),  # (inflight_groups <= 8 B: RunConfig)
+              "server_timeout_s": (0, 86400), "server_retry_s": (0, 86400)}
+
+    # vllm_server: a vLLM OpenAI-compatible server beside the trainer (tinyrl/rollout/vllm_server.py, `tinyrl serve`)
+    engine: Literal["hf", "vllm", "vllm_server", "stale"] = "hf"  # stale: tinyrl/rollout/stale.py, a canary test
     num_generations: int = 8  # G: completions per prompt (the group)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -81,6 +91,17 @@ class RolloutConfig:
     max_staleness: int = 0
     overlap: bool = False  # one-step-off: the next step's batch is collected during this step's update (tinyrl.overlap)
     inflight_groups: Optional[int] = None  # groups in flight when max_staleness > 0; None: B + B//4 (at least B + 1)
+    # vllm_server: the servers' base URLs (http://HOST:PORT; several: requests balanced over them), the longest one
+    # request may take, how long a failing server is retried (with back-off) before the run stops with an error,
+    # and a folder the servers read the adapter versions from at the same path (null: /dev/shm, this machine)
+    server_url: Union[list[str], str] = field(default_factory=list)
+    server_timeout_s: float = 600.0
+    server_retry_s: float = 120.0
+    server_adapter_dir: Optional[str] = None
+
+    def __post_init__(self):
+        if isinstance(self.server_url, str):
+            self.server_url = [self.server_url]
 
     def validate(self, p: str) -> None:
         check(self.num_generations >= 2, f"{p}.num_generations", f"must be >= 2 for group-relative advantages, got {self.num_generations}")
@@ -93,11 +114,15 @@ class RolloutConfig:
               "trains on tokens one policy version old: it needs rollout.max_staleness >= 1")
         g = self.inflight_groups
         check(g is None or g >= 1, f"{p}.inflight_groups", f"must be >= 1 or null, got {g}")
+        check_server_fields(self, p)  # rollout.server_* (tinyrl/config/server_url.py)
 
 
 @dataclass
 class AlgoConfig:
     """The GRPO family as independent switches; `recipe` fills them in first (see algo/recipes.py)."""
+
+    LIMITS = {"num_iterations": (1, 64), "max_sampling_rounds": (0, 64), "overlong_buffer": (0, 131072),
+              "chunk_size": (1, 1 << 20)}
 
     recipe: Optional[str] = None
     estimator: str = "grpo"  # a name in tinyrl.algo.advantages.ESTIMATORS
@@ -158,6 +183,8 @@ DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # data.dataset fil
 
 @dataclass
 class DataConfig:
+    LIMITS = {"num_train": (1, 10_000_000), "num_eval": (0, 1_000_000), "seed": (0, 2**32 - 1)}
+
     # a built-in task name (tinyrl.tasks.TASKS), "jsonl", or "dataset" (rows of data.dataset; set for you
     # when data.dataset is given and data.task is left at its default)
     task: str = "arithmetic"
@@ -181,46 +208,46 @@ class DataConfig:
     # how the gold answer is read from the answer column: gsm8k `#### n`, the last \boxed{}, the plain value,
     # or auto (#### else \boxed{} else plain); tinyrl.tasks.dataset.ANSWER_EXTRACTORS
     answer_extractor: Literal["auto", "gsm8k", "boxed", "plain"] = "auto"
+    # several sources interleaved by weight (datasets.interleave_datasets, seeded by data.seed), each with its own
+    # dataset / split / columns / prompt_template / answer_extractor (tinyrl/config/schema_data.py: MixSource);
+    # mix_stopping: first_exhausted ends the mixture when one source runs out, all_exhausted when every one has
+    mix: list[MixSource] = field(default_factory=list)
+    mix_stopping: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    filter: DataFilter = field(default_factory=DataFilter)  # rows dropped before training ({max_prompt_tokens: N})
 
     def __post_init__(self):
-        if self.dataset is not None and self.task == "arithmetic":  # the default task: data.dataset means rows
+        if (self.dataset is not None or self.mix) and self.task == "arithmetic":  # the default task: these mean rows
             self.task = "dataset"
 
     def validate(self, p: str) -> None:
         if self.task == "jsonl":
             check(self.path is not None, f"{p}.path", "is required when data.task is 'jsonl'")
             check(not Path(self.path).is_dir(), f"{p}.path", f"{self.path} is a folder; give the .jsonl file in it")
-            check(Path(self.path).is_file(), f"{p}.path", f"file not found: {self.path}")
+            check_local(self.path, f"{p}.path", "file")
         check(self.num_train >= 1, f"{p}.num_train", f"must be >= 1, got {self.num_train}")
         check(self.num_eval >= 0, f"{p}.num_eval", f"must be >= 0, got {self.num_eval}")
         self._validate_dataset(p)
 
     def _validate_dataset(self, p: str) -> None:
         ds = self.dataset
-        check(self.task != "dataset" or bool(ds), f"{p}.dataset",
-              "is required when data.task is 'dataset' (a hub id like openai/gsm8k, or a local file or folder)")
+        check_mix(self, p)
+        check(self.task != "dataset" or bool(ds) or bool(self.mix), f"{p}.dataset",
+              "is required when data.task is 'dataset' (a hub id like openai/gsm8k, or a local file or folder; "
+              "or several sources in data.mix)")
         check(ds is None or self.task == "dataset", f"{p}.dataset",
               f"gives the rows of data.task 'dataset', not of the {self.task!r} task (whose data is set in "
               f"data.task_args); leave data.task at its default or set it to 'dataset'")
         if ds is not None:
             local = ds.startswith((".", "/", "~")) or Path(ds).suffix.lower() in DATA_FILE_SUFFIXES
-            check(not local or Path(ds).expanduser().exists(), f"{p}.dataset",
-                  f"file or folder not found: {ds} (a hub id is 'owner/name')")
-        unknown = sorted(set(self.columns) - {"prompt", "answer"})
-        check(not unknown, f"{p}.columns", f"maps 'prompt' and 'answer' to dataset columns; unknown keys {unknown}")
-        for key, col in self.columns.items():
-            check((isinstance(col, str) and bool(col)) or (key == "answer" and col is None), f"{p}.columns.{key}",
-                  f"must be a column name{' (or null: no gold answer, no verifier)' if key == 'answer' else ''}, "
-                  f"got {col!r}")
+            if local:
+                check_local(ds, f"{p}.dataset", hint=" (a hub id is 'owner/name')")
+        check_columns(self.columns, f"{p}.columns")
+        check_split_spec(self.split, f"{p}.split")  # a split or datasets' slices of splits: train[:10%]
+        if self.eval_split is not None:
+            check_split_spec(self.eval_split, f"{p}.eval_split")
         check(0 <= self.eval_fraction < 1, f"{p}.eval_fraction", f"must be in [0, 1), got {self.eval_fraction}")
         if self.prompt_template is not None:
-            try:
-                names = [f[1] for f in string.Formatter().parse(self.prompt_template) if f[1] is not None]
-            except ValueError as e:
-                names = [f"not a format string ({e})"]
-            bad = [n for n in names if not n or n.isdigit() or n.startswith("not a format")]
-            check(not bad, f"{p}.prompt_template", f"must name a row's columns ({{question}}) and double literal "
-                  f"braces (\\boxed{{{{}}}}), got {self.prompt_template!r}: {bad[0] if bad and bad[0] else '{}'}")
+            check_template(self.prompt_template, f"{p}.prompt_template")
 
 
 @dataclass
@@ -256,6 +283,10 @@ class RewardConfig:
 
 @dataclass
 class TrainConfig:
+    LIMITS = {"steps": (0, 10_000_000), "prompts_per_step": (1, 65536), "micro_batch_size": (1, 65536),
+              "warmup_steps": (0, 10_000_000), "seed": (0, 2**32 - 1), "save_every": (0, 10_000_000),
+              "keep_last": (1, 1000), "eval_samples": (0, 1024), "stop_timeout_s": (1, 86400)}
+
     steps: int = 40
     prompts_per_step: int = 8  # B: prompts per rollout batch (B*G completions)
     micro_batch_size: int = 16  # completions per forward/backward
@@ -278,6 +309,9 @@ class TrainConfig:
     # refused at start, naming the fields to lower and the largest values that fit. true: start it anyway
     # (for a planner that overestimates your case; the run may then end in an out-of-memory error).
     ignore_memory_plan: bool = False
+    # Ctrl-C / SIGTERM inside a step lets the step finish, for at most this long; then the step is abandoned
+    # (the last checkpoint is kept) and the process stops
+    stop_timeout_s: float = 300.0
 
     def validate(self, p: str) -> None:
         check(self.steps >= 0, f"{p}.steps", f"must be >= 0, got {self.steps}")
@@ -303,6 +337,8 @@ class TrainConfig:
 
 @dataclass
 class LogConfig:
+    LIMITS = {"samples_per_step": (0, 10_000), "samples_every": (0, 10_000_000), "hub_timeout_s": (0, 86_400)}
+
     run_dir: str = "runs"
     name: Optional[str] = None  # run folder name; default: preset name + timestamp
     samples_per_step: int = 4  # completions written to samples.jsonl each step
@@ -313,6 +349,13 @@ class LogConfig:
     report_to: Union[list[str], str] = field(default_factory=list)
     samples_every: int = 10  # a table of the step's samples to the trackers every this many steps; 0: never
     tracker_project: Optional[str] = None  # the trackers' project name; null: "tinyrl"
+    # push the adapter and its model card to this hub repo (USER/NAME) while training, on a background thread that
+    # never blocks or fails the run (tinyrl/hub_sync.py); hub_strategy as TRL's: end (the last save only), every_save
+    # (each checkpoint save), checkpoint (each save, plus last-checkpoint/: `tinyrl train --resume hub:USER/NAME`)
+    push_to_hub: Optional[str] = None
+    hub_strategy: Literal["end", "every_save", "checkpoint"] = "every_save"
+    hub_private: bool = False  # create the repo private
+    hub_timeout_s: float = 300.0  # at the end, wait at most this long for the last push (0: do not wait)
 
     def __post_init__(self):
         if isinstance(self.report_to, str):
@@ -326,10 +369,16 @@ class LogConfig:
         check(len(set(self.report_to)) == len(self.report_to), f"{p}.report_to", f"names a tracker twice: {self.report_to}")
         check(self.tracker_project is None or bool(self.tracker_project.strip()), f"{p}.tracker_project",
               "must be a non-empty name or null")
+        repo = self.push_to_hub
+        check(repo is None or (len(repo) <= 96 and bool(HUB_REPO_ID.match(repo)) and ".." not in repo), f"{p}.push_to_hub",
+              f"a hub repo id is USER/NAME or ORG/NAME (letters, digits, '-', '_', '.'), got {repo!r:.120}")
         name = self.name
         if name is not None:
             check(inside_run_dir(name), f"{p}.name",
                    f"must be a folder name inside log.run_dir (not '.', no '..', no absolute path), got {name!r}")
+
+
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # tinyrl.hub_push's rule for a repo id
 
 
 def inside_run_dir(name: str) -> bool:
@@ -349,6 +398,8 @@ class DistConfig:
     """Scale-out (tinyrl.distributed). `nproc` > 1 makes `tinyrl train` re-launch itself through
     `accelerate launch` with the packaged `accelerate_config`; under a launcher the world size is the
     launcher's. train.prompts_per_step is the global batch: it must divide by the process count."""
+
+    LIMITS = {"nproc": (1, 4096), "timeout_s": (0, 7 * 86400)}
 
     nproc: int = 1  # processes (one per GPU); 1 = this process only
     accelerate_config: Literal["ddp", "zero3", "fsdp2"] = "ddp"  # tinyrl/assets/accelerate/<name>.yaml
@@ -380,10 +431,12 @@ class RunConfig:
     stages: list[str] = field(default_factory=list)
 
     def validate(self, p: str = "") -> None:
-        check(self.train.prompts_per_step % self.dist.nproc == 0, "train.prompts_per_step",
-               f"must divide by dist.nproc = {self.dist.nproc} (every process takes whole groups), "
-               f"got {self.train.prompts_per_step}")
+        B, g = self.train.prompts_per_step, self.rollout.inflight_groups
+        check(g is None or g <= 8 * B, "rollout.inflight_groups",
+              f"at most 8 x train.prompts_per_step = {8 * B} groups in flight (each holds its decoding state), got {g}")
         completions = self.train.prompts_per_step * self.rollout.num_generations
+        check(completions <= 1 << 20, "rollout.num_generations",
+              f"train.prompts_per_step x rollout.num_generations = {completions} completions a step; at most {1 << 20}")
         check(
             completions % self.train.micro_batch_size == 0,
             "train.micro_batch_size",

@@ -1,6 +1,8 @@
 """What every tracker implements: a run opened from a `TrackerContext`, then metrics, the config,
 events (the monitor's alarms), tables (samples) and finish. A tracker may raise anywhere: the
-fan-out (fanout.py) catches it, warns once with the tracker's `fix`, and training goes on."""
+fan-out (fanout.py) catches it, warns once with the tracker's `fix`, and training goes on. It may
+hang, too: all of a tracker's calls, its opening included, run on one thread of its own (guard.py),
+waited for at most a time box."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tinyrl.errors import MissingExtra
 
 
 @dataclass
@@ -27,7 +31,7 @@ def require(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"log.report_to {extra!r} needs the {module} package: "
+        raise MissingExtra(f"log.report_to {extra!r} needs the {module} package: "
                           f"pip install \"tinyrl-rlvr[{extra}]\"") from e
 
 
