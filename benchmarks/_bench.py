@@ -2,6 +2,7 @@
 the child of benchmarks/vs_trl.py.
 
     python benchmarks/_bench.py '<json spec>'      # prints one line: RESULT {json}
+    python benchmarks/_bench.py --smoke ['<json spec>']   # the same, 2 steps (SPEC: tinyrl on tiny-arith)
 
 A spec names the side, the model, the task, the LoRA config and the batch shape (see SPEC);
 both sides are configured from the same spec, so they train the same thing:
@@ -248,16 +249,54 @@ def run_tinyrl(spec, root: str) -> dict:
 # --------------------------------------------------------------------------- TRL
 
 
+def model_config(name: str, qlora: bool = False):
+    """The run config's `model` section for `name`, float32 (nf4 when `qlora`), built and checked by
+    tinyrl's own config code: what tinyrl's loader reads, never a stand-in that drifts from the schema."""
+    from tinyrl.config import load_config
+
+    _, cfg = load_config(overrides={"model.name": name, "model.dtype": "float32", "model.load_in_4bit": qlora})
+    return cfg.model
+
+
+def save_float_copy(name: str, path: str) -> None:
+    """A float32 safetensors folder at `path` (written whole, then renamed) of the GGUF model `name` (any
+    model tinyrl loads: a smoke run copies tiny-arith), loaded by tinyrl's own loader: both sides of
+    vs_trl.py (and memory_validation.py) load the copy."""
+    from tinyrl.model import load_base_model, load_tokenizer, resolve_model
+
+    resolved, tmp = resolve_model(name), path + ".partial"
+    load_tokenizer(resolved).save_pretrained(tmp)
+    model = load_base_model(model_config(name), resolved)
+    model.hf_quantizer, model.is_quantized = None, False  # de-quantised at load: plain float weights
+    model.config.__dict__.pop("quantization_config", None)
+    model.save_pretrained(tmp)
+    os.replace(tmp, path)
+
+
+def _in_child(what: str, *args: str) -> None:
+    """`python _bench.py --<what> ARGS...` in a fresh process (a model load's memory is not the caller's)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, __file__, f"--{what}", *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{what} {' '.join(args)} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+
+
+def float_copy(name: str, root: str) -> str:
+    """`root`/<model name>-float32, the float32 safetensors copy of (GGUF) model `name`, made once."""
+    path = os.path.join(root, os.path.basename(name) + "-float32")
+    if not os.path.isdir(path):
+        _in_child("float-copy", name, path)
+    return path
+
+
 def load_hf(spec):
     """Tokenizer and base model exactly as tinyrl loads them (same dtype, same nf4 settings)."""
-    from types import SimpleNamespace
-
     from tinyrl.model import load_base_model, load_tokenizer, resolve_model
 
     resolved = resolve_model(spec["model"])
     tok = load_tokenizer(resolved)  # left padding, pad = eos when missing
-    cfg = SimpleNamespace(dtype="float32", load_in_4bit=spec["qlora"])
-    model = load_base_model(cfg, resolved)
+    model = load_base_model(model_config(spec["model"], spec["qlora"]), resolved)
     # tinyrl's loader switches the config's KV cache off (it asks for one explicitly in generate);
     # TRL's generate reads the config, so give it back what from_pretrained would have given it.
     model.config.use_cache = True
@@ -362,7 +401,12 @@ def _deltas(t0: float, ends: list[float]) -> list[float]:
 
 
 def main() -> None:
-    spec = {**SPEC, **json.loads(sys.argv[1])}
+    if sys.argv[1] == "--float-copy":  # python _bench.py --float-copy NAME PATH
+        return save_float_copy(sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "--smoke":  # python _bench.py --smoke ['<json spec>']: that spec (default SPEC), 2 steps
+        spec = {**SPEC, **(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}), "steps": 2}
+    else:
+        spec = {**SPEC, **json.loads(sys.argv[1])}
     import torch
 
     torch.set_num_threads(spec["threads"])

@@ -3,6 +3,7 @@
     python benchmarks/async_rollout.py                           # all parts, seeds 0/1/2
     python benchmarks/async_rollout.py --parts tools --seeds 0   # one part, one seed
     python benchmarks/async_rollout.py --json out.json           # also write every row
+    python benchmarks/async_rollout.py --smoke --json out.json   # every part, seed 0, in a minute or two (SMOKE)
 
 Parts (each on this machine's CPU; the tiny models; nothing else should run beside it):
 
@@ -42,6 +43,15 @@ DELAYS = (0.0, 0.1, 0.3)
 WORKERS = (8, 64)
 TAIL_LETTERS = "ABCDEFGHIJ"  # J asks for the long answer
 SHORT, LONG = 24, 96
+# --smoke: every part on seed 0, each as small as it goes: tools at one delay and one worker count, one timed
+# repeat of a 2 x 2 batch; tail with a 2-layer model memorised for 30 steps, 2 GRPO steps of 4 x 4 (32 tokens)
+# per arm; learn with every arm of both presets for 2 steps of 2 x 2, 4 held-out questions
+SMOKE = {
+    "tools": {"delays": (0.1,), "workers": (8,), "repeats": 1, "prompts": 2, "n": 2},
+    "tail": {"steps": 2, "prompts": 4, "n": 4, "max_new_tokens": 32, "model": {"steps": 30, "hidden": 64, "layers": 2}},
+    "learn": {"overrides": {"train.steps": 2, "train.prompts_per_step": 2, "rollout.num_generations": 2,
+                            "train.micro_batch_size": 4, "data.num_eval": 4}},
+}
 
 
 # --------------------------------------------------------------------------- tools: streaming vs turn-synchronous
@@ -58,28 +68,29 @@ class DelayedEnv:
         return self.env.step(calls)
 
 
-def tools_part(seed: int) -> list[dict]:
+def tools_part(seed: int, delays=DELAYS, workers=WORKERS, repeats: int = 3, prompts: int = 8, n: int = 8) -> list[dict]:
     from tinyrl.api import build_trainer
 
+    pool_sizes = workers
     with tempfile.TemporaryDirectory() as root:
         t = build_trainer("tiny_search_cpu", overrides={"train.seed": seed, "log.run_dir": root, "log.progress": False})
         try:
             eng, base_factory, base_cfg = t.engine, t.engine.env_factory, t.engine.cfg
-            rows = t.prompts.next_batch(8)
-            prompts = [r["rendered"] for r in rows]
+            rows = t.prompts.next_batch(prompts)
+            texts = [r["rendered"] for r in rows]
             out = []
-            for delay in DELAYS:
+            for delay in delays:
                 eng.env_factory = lambda row, d=delay: DelayedEnv(base_factory(row), d)
-                for workers in WORKERS:
+                for workers in pool_sizes:
                     eng.workers = workers
                     row = {"seed": seed, "delay_ms": int(delay * 1000), "workers": workers}
                     times: dict[str, list[float]] = {"sync": [], "streaming": []}
                     calls: dict[str, list[int]] = {"sync": [], "streaming": []}
-                    for rep in range(-1, 3):  # rep -1 warms up; the arms alternate, so drift hits both
+                    for rep in range(-1, repeats):  # rep -1 warms up; the arms alternate, so drift hits both
                         for arm in ("sync", "streaming"):
                             eng.cfg = replace(base_cfg, streaming=arm == "streaming")
                             t0 = time.perf_counter()
-                            b = eng.generate(prompts, n=8, params=replace(t.sampling, stream=1000 * rep), columns=rows)
+                            b = eng.generate(texts, n=n, params=replace(t.sampling, stream=1000 * rep), columns=rows)
                             if rep >= 0:
                                 times[arm].append(time.perf_counter() - t0)
                                 calls[arm].append(sum(x["tool_calls"] for x in b.trajectories))
@@ -87,9 +98,9 @@ def tools_part(seed: int) -> list[dict]:
                     for arm in ("sync", "streaming"):
                         row[f"{arm}_s"] = statistics.mean(times[arm])
                         row[f"{arm}_calls"] = statistics.mean(calls[arm])
-                        if workers == WORKERS[0]:
+                        if workers == pool_sizes[0]:
                             eng.cfg = replace(base_cfg, streaming=arm == "streaming")
-                            g = eng.generate(prompts, n=1, params=t.sampling, columns=rows, greedy=True)
+                            g = eng.generate(texts, n=1, params=t.sampling, columns=rows, greedy=True)
                             ids[arm] = [g.completion_ids[i, :int(g.completion_mask[i].sum())].tolist()
                                         for i in range(g.num_rows)]
                     row["speedup"] = row["sync_s"] / row["streaming_s"]
@@ -149,12 +160,14 @@ def tail_reward(prompts, completions, answer, **kw):
     return [sum(a == b for a, b in zip(c, ans)) / len(ans) for c, ans in zip(completions, answer)]
 
 
-def tail_part(seeds: list[int], steps: int = 20) -> list[dict]:
+def tail_part(seeds: list[int], steps: int = 20, prompts: int = 8, n: int = 8, max_new_tokens: int = 128,
+              model: dict | None = None) -> list[dict]:
+    """`model`: tail_model's sizes (default: its own)."""
     import tinyrl
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = tail_model(Path(tmp) / "tail-model")
+        model = tail_model(Path(tmp) / "tail-model", **(model or {}))
         data = Path(tmp) / "tail.jsonl"
         rng = random.Random(0)
         answers = tail_answers()
@@ -167,9 +180,9 @@ def tail_part(seeds: list[int], steps: int = 20) -> list[dict]:
             for k in (0, 1):
                 run = tinyrl.train(None, **{
                     "model.name": str(model), "data.dataset": str(data), "data.eval_fraction": 0.05,
-                    "reward.functions": ["benchmarks.async_rollout:tail_reward"], "rollout.max_new_tokens": 128,
-                    "rollout.num_generations": 8, "train.prompts_per_step": 8, "train.steps": steps,
-                    "train.micro_batch_size": 64, "train.lr": 1e-3, "train.seed": seed,
+                    "reward.functions": ["benchmarks.async_rollout:tail_reward"], "rollout.max_new_tokens": max_new_tokens,
+                    "rollout.num_generations": n, "train.prompts_per_step": prompts, "train.steps": steps,
+                    "train.micro_batch_size": prompts * n, "train.lr": 1e-3, "train.seed": seed,
                     "train.eval_before_after": False, "rollout.max_staleness": k,
                     "log.run_dir": str(Path(tmp) / "runs"), "log.name": f"tail-{seed}-{k}", "log.progress": False})
                 m = run.metrics[1:]  # the first step includes the warm-up
@@ -192,7 +205,8 @@ LEARN_ARMS = {"sync": {}, "partial": {"rollout.max_staleness": 1},
               "overlap": {"rollout.max_staleness": 1, "rollout.overlap": True}}
 
 
-def learn_part(seeds: list[int], presets=("tiny_search_cpu", "tiny_grpo_cpu")) -> list[dict]:
+def learn_part(seeds: list[int], presets=("tiny_search_cpu", "tiny_grpo_cpu"), overrides: dict | None = None) -> list[dict]:
+    """`overrides`: for every run (the smoke's smaller budget)."""
     import tinyrl
 
     out = []
@@ -202,7 +216,7 @@ def learn_part(seeds: list[int], presets=("tiny_search_cpu", "tiny_grpo_cpu")) -
                 row = {"preset": preset, "seed": seed}
                 for arm, extra in LEARN_ARMS.items():
                     t0 = time.perf_counter()
-                    run = tinyrl.train(preset, **{"train.seed": seed, "log.run_dir": root, **extra,
+                    run = tinyrl.train(preset, **{**(overrides or {}), "train.seed": seed, "log.run_dir": root, **extra,
                                                   "log.name": f"{preset}-{seed}-{arm}", "log.progress": False})
                     row[f"{arm}_wall"] = time.perf_counter() - t0
                     row["before"], row[f"{arm}_after"] = run.eval_before, run.eval_after
@@ -216,19 +230,22 @@ def learn_part(seeds: list[int], presets=("tiny_search_cpu", "tiny_grpo_cpu")) -
     return out
 
 
-PARTS = {"tools": lambda seeds: [r for s in seeds for r in tools_part(s)], "tail": tail_part, "learn": learn_part}
+PARTS = {"tools": lambda seeds, **kw: [r for s in seeds for r in tools_part(s, **kw)], "tail": tail_part,
+         "learn": learn_part}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--smoke: 0)")
+    ap.add_argument("--smoke", action="store_true", help="every part, seed 0, as small as it goes (SMOKE)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    seeds = args.seeds or ([0] if args.smoke else [0, 1, 2])
     results = {}
     for part in args.parts:
-        results[part] = PARTS[part](args.seeds)
+        results[part] = PARTS[part](seeds, **(SMOKE[part] if args.smoke else {}))
         if args.json:  # after each part: a later part's failure keeps the earlier figures
             Path(args.json).write_text(json.dumps(results, indent=1))
 

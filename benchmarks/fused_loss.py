@@ -2,6 +2,7 @@
 
     python benchmarks/fused_loss.py            # V=151,936 H=896 (Qwen2.5-0.5B), N in 1024 4096 8192
     python benchmarks/fused_loss.py --quick    # V=32,768, N in 512 2048: about a minute on 2 cores
+    python benchmarks/fused_loss.py --smoke --json F   # the whole path in seconds: V=4,096 H=128, N=256
 
 Compared, each in a fresh subprocess (so one case's allocator state never leaks into another):
     naive         logits = h W^T materialised, log_softmax, gather, entropy, tinyrl policy_loss
@@ -9,6 +10,9 @@ Compared, each in a fresh subprocess (so one case's allocator state never leaks 
                   beta=0, loss_type="dapo"); it does not return entropies
     ours-torch    tinyrl.kernels.fused_linear_grpo_loss(impl="torch"): chunked, logits recomputed
     ours-triton   the same with impl="triton" (CUDA only)
+
+A case that cannot run here (liger without liger-kernel installed, Triton without CUDA) is listed as
+skipped, with the reason, and not run.
 
 Peak memory: on CPU the resident-set high-water mark during the step minus the resident set
 just before it (the high-water mark is reset through /proc/self/clear_refs; inputs, weights and
@@ -21,12 +25,14 @@ that path is written but has not been run (the machine it was written on has no 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 IMPLS = ("naive", "liger", "ours-torch", "ours-triton")
 
@@ -122,6 +128,15 @@ def child(args):
     print(json.dumps({"peak_mib": peak, "time_s": dt, "loss": loss}))
 
 
+def unavailable(impl: str, cuda: bool) -> str | None:
+    """Why `impl` cannot run here, or None."""
+    if impl == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel not installed (pip install liger-kernel)"
+    if impl == "ours-triton" and not cuda:
+        return "needs CUDA"
+    return None
+
+
 def run_case(args, case, n):
     cmd = [sys.executable, __file__, "--_case", case, "--n", str(n), "--vocab", str(args.vocab), "--hidden",
            str(args.hidden), "--dtype", args.dtype, "--device", args.device, "--chunk-size", str(args.chunk_size),
@@ -135,6 +150,8 @@ def run_case(args, case, n):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="V=32768, N in 512 2048")
+    p.add_argument("--smoke", action="store_true", help="the whole path in seconds: V=4096, H=128, N=256")
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--n", type=int, nargs="+", help="completion tokens per step (default 1024 4096 8192)")
     p.add_argument("--vocab", type=int, default=None)
     p.add_argument("--hidden", type=int, default=896)
@@ -153,17 +170,24 @@ def main():
     cuda = args.device == "cuda"
     args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
     args.warmup = (1 if cuda else 0) if args.warmup is None else args.warmup
-    args.vocab = args.vocab or (32768 if args.quick else 151936)
+    if args.smoke:
+        args.hidden = 128 if args.hidden == 896 else args.hidden
+    args.vocab = args.vocab or (4096 if args.smoke else 32768 if args.quick else 151936)
     if args.case:
         args.n = args.n[0]
         return child(args)
-    ns = args.n or ([512, 2048] if args.quick else [1024, 4096, 8192])
-    impls = args.impls or [i for i in IMPLS if cuda or i != "ours-triton"]
+    ns = args.n or ([256] if args.smoke else [512, 2048] if args.quick else [1024, 4096, 8192])
+    impls = args.impls or list(IMPLS)
     elt = 2 if args.dtype in ("bfloat16", "float16") else 4
     print(f"V={args.vocab} H={args.hidden} dtype={args.dtype} device={args.device} lm_head "
           f"{'trained' if args.train_lm_head else 'frozen'} warmup={args.warmup} threads={os.cpu_count()}")
     print(f"{'N':>6} {'impl':<12} {'peak MiB':>10} {'time s':>8} {'x naive mem':>11} {'TFLOP/s':>8}  loss")
     gemm = run_case(args, "matmul", max(ns)).get("tflops") if cuda else None
+    rows = []
+    for impl in impls:
+        if unavailable(impl, cuda):
+            print(f"{'':>6} {impl:<12} skipped: {unavailable(impl, cuda)}")
+    impls = [i for i in impls if not unavailable(i, cuda)]
     for n in ns:
         naive_peak = None
         for impl in impls:
@@ -182,9 +206,13 @@ def main():
             tf = 2 * n * args.vocab * args.hidden * gemms / r["time_s"] / 1e12
             print(f"{n:>6} {impl:<12} {r['peak_mib']:>10.0f} {r['time_s']:>8.2f} {ratio:>11} {tf:>8.2f}  "
                   f"{r['loss']:.4f}")
+            rows.append({"n": n, "impl": impl, **r, "tflops": tf})
     if gemm:
         print(f"measured bf16 matmul [{max(ns)}, {args.hidden}] x [{args.hidden}, {args.vocab}]: {gemm:.0f} TFLOP/s")
     print("TFLOP/s counts executed GEMM flops (ours and liger recompute the logits in backward).")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"vocab": args.vocab, "hidden": args.hidden, "dtype": args.dtype,
+                                               "device": args.device, "gemm_tflops": gemm, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

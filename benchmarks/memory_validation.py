@@ -2,6 +2,7 @@
 
     python benchmarks/memory_validation.py                 # all cases, a table + --json
     python benchmarks/memory_validation.py --cases tiny-lora smollm-qlora --steps 2
+    python benchmarks/memory_validation.py --smoke --json F     # the whole path in seconds: tiny-lora, 1 step
 
 What is measured, per case, in a fresh process (`--child`):
 
@@ -145,30 +146,18 @@ def child(spec: dict) -> dict:
             return out
         return wrapped
 
-    trainer.collector.generate = phase("rollout", trainer.collector.generate)  # (tinyrl.collect.SyncCollector)
+    trainer.source.generate = phase("rollout", trainer.source.generate)  # (tinyrl.sources.SyncSource)
     T.policy_update = phase("update", T.policy_update)
     no_signal = 0
     for _ in range(spec["steps"]):
         no_signal += bool(trainer.train_step()[0]["skipped_no_signal"])
-    return {"steps_without_signal": no_signal,"baseline_rss": base, "init_rss": after_init - base,
+    return {"steps_without_signal": no_signal, "baseline_rss": base, "init_rss": after_init - base,
             "peaks": {k: v - base for k, v in peaks.items()},
             "prompt_tokens": max(p for p, _ in shapes), "completion_tokens": max(t for _, t in shapes),
             "threads": torch.get_num_threads()}
 
 
 # --------------------------------------------------------------------------- parent
-
-
-def float_copy(name: str, root: str) -> str:
-    """A float32 safetensors folder of a GGUF model (nf4 cannot be applied to a GGUF load)."""
-    path = os.path.join(root, name + "-float32")
-    if not os.path.isdir(path):
-        code = ("import sys; from types import SimpleNamespace as N; from tinyrl.model import *; "
-                "r = resolve_model(sys.argv[1]); load_tokenizer(r).save_pretrained(sys.argv[2]); "
-                "m = load_base_model(N(dtype='float32', load_in_4bit=False), r); "
-                "m.config.__dict__.pop('quantization_config', None); m.hf_quantizer = None; m.save_pretrained(sys.argv[2])")
-        subprocess.run([sys.executable, "-c", code, name, path], check=True, capture_output=True)
-    return path
 
 
 def predict(spec: dict, measured: dict) -> dict:
@@ -186,12 +175,12 @@ def predict(spec: dict, measured: dict) -> dict:
 def run_case(name: str, steps: int, root: str, timeout: int) -> dict:
     spec = {**CASES[name], "steps": steps}
     spec["overrides"] = {**spec["overrides"], "reward.functions": with_spread(spec["preset"])}
+    sys.path.insert(0, str(HERE))
+    from _bench import float_copy, make_random_llama
+
     if spec.get("float_copy"):
         spec["model"] = float_copy("smollm2-135m-instruct", root)
-    elif spec.get("long"):
-        sys.path.insert(0, str(HERE))
-        from _bench import make_random_llama  # tiny-arith's shape, a model that never emits EOS
-
+    elif spec.get("long"):  # tiny-arith's shape, a model that never emits EOS
         cfg = json.loads((Path(__file__).resolve().parents[1] / "tinyrl/assets/tiny-arith/config.json").read_text())
         spec["model"] = make_random_llama(os.path.join(root, "noeos"), hidden=cfg["hidden_size"],
                                           layers=cfg["num_hidden_layers"], heads=cfg["num_attention_heads"],
@@ -233,12 +222,15 @@ def table(results: list[dict]) -> str:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--cases", nargs="*", default=None, choices=list(CASES), help="default: all (--smoke: tiny-lora)")
+    ap.add_argument("--steps", type=int, default=None, help="default 2 (--smoke: 1)")
+    ap.add_argument("--smoke", action="store_true", help="the whole path in seconds: tiny-lora, 1 step")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    ns.cases = ns.cases or (["tiny-lora"] if ns.smoke else list(CASES))
+    ns.steps = ns.steps or (1 if ns.smoke else 2)
     if ns.child:
         print(json.dumps(child(json.loads(ns.child))))
         return []

@@ -3,6 +3,7 @@
     nice -n 10 python benchmarks/monitor_calibration.py [--out DIR] [--seeds 0 1 2 3 4 5] [--jobs 2]
                                                         [--cases tiny_grpo_cpu tiny_kl_blowup_cpu ...] [--json F]
     python benchmarks/monitor_calibration.py --replay DIR     # no training: re-run the monitor
+    python benchmarks/monitor_calibration.py --smoke [--json F]  # the whole path in about a minute (SMOKE)
 
 The default --cases are the tiny-arith presets (a 100-step healthy run is ~2 min on a free core,
 ~13 min on a loaded 2-core box); the SmolLM2 preset (~20 s per step on 2 cores, 40 steps; its
@@ -33,9 +34,10 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -118,6 +120,11 @@ CASES: dict[str, Case] = {
                                       share_at_least("truncated_frac", 0.9), ("length_explosion",), seeds=(0,)),
     "tiny_advantage_collapse_cpu": Case("tiny_advantage_collapse_cpu", ("advantage_collapse",), seeds=(0,)),
 }
+
+# --smoke (seed 0, a fresh temporary --out unless one is given): one healthy run cut to 3 steps and one broken
+# preset that ends itself within 3 steps (the stale-weights canary stops it), so every part (runs, replay,
+# confusion table, checks, headroom, JSON) runs on a real pass and a real alarm
+SMOKE = {"tiny_grpo_cpu": {"train.steps": 3}, "tiny_stale_weights_cpu": {}}
 
 
 # --------------------------------------------------------------------------- running
@@ -366,7 +373,8 @@ def report(out: Path, json_path: Optional[str]) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
-    ap.add_argument("--out", default="runs/monitor-calibration")
+    ap.add_argument("--out", default=None, help="default runs/monitor-calibration (--smoke: a temporary folder)")
+    ap.add_argument("--smoke", action="store_true", help="seed 0 of " + " and ".join(SMOKE) + ", in about a minute")
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=[n for n in CASES if n != SMOLLM])
     ap.add_argument("--seeds", type=int, nargs="+",
                     help="seeds for every case (default: 0-5 for the healthy presets, each broken preset's own)")
@@ -378,7 +386,14 @@ def main() -> None:
         return child(json.loads(args.child))
     if args.replay:
         sys.exit(0 if report(Path(args.replay), args.json) else 1)
-    out = Path(args.out)
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="tinyrl-monitor-smoke-") as tmp:
+            out = Path(args.out or tmp)
+            run_cases([(replace(CASES[n], overrides={**CASES[n].overrides, **o}), 0) for n, o in SMOKE.items()],
+                      out, args.jobs)
+            ok = report(out, args.json)
+        sys.exit(0 if ok else 1)
+    out = Path(args.out or "runs/monitor-calibration")
     cases = [(CASES[n], s) for n in args.cases for s in (args.seeds or CASES[n].seeds or range(6))]
     run_cases(cases, out, args.jobs)
     sys.exit(0 if report(out, args.json) else 1)

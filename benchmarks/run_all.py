@@ -1,7 +1,8 @@
 """Every CPU benchmark of tinyrl in one go, ending with one combined table.
 
     python benchmarks/run_all.py              # vs TRL (4 cases, A B A B), scaling table, fused-loss --quick
-    python benchmarks/run_all.py --quick      # smoke run: a few minutes
+    python benchmarks/run_all.py --quick      # short run: a few minutes
+    python benchmarks/run_all.py --smoke      # the whole path in a minute or two (vs_trl.py / fused_loss.py --smoke)
     python benchmarks/run_all.py --json /tmp/all.json --loss-args --n 1024 4096
 
 Parts, each in fresh processes (see their own docstrings):
@@ -104,7 +105,8 @@ def combined(cases: dict, scaling: list[dict], loss: list[dict], loss_vocab: str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: tiny-lora once, 2 scaling points, small loss")
+    p.add_argument("--quick", action="store_true", help="short run: tiny-lora once, 2 scaling points, small loss")
+    p.add_argument("--smoke", action="store_true", help="the whole path in a minute or two: each part's --smoke")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--loss-args", nargs=argparse.REMAINDER, default=None,
                    help="arguments for fused_loss.py (default --quick; with --quick: --quick --n 512)")
@@ -114,10 +116,10 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     print("## 1-2. tinyrl vs TRL GRPOTrainer, and the scaling table (benchmarks/vs_trl.py)", flush=True)
-    vs = vs_trl.main((["--quick"] if args.quick else ["--repeats", str(args.repeats)])
-                     + ["--threads", str(args.threads), "--timeout", str(args.timeout)])
-    loss_args = args.loss_args if args.loss_args is not None else (["--quick", "--n", "512"] if args.quick
-                                                                    else ["--quick"])
+    mode = ["--smoke"] if args.smoke else ["--quick"] if args.quick else ["--repeats", str(args.repeats)]
+    vs = vs_trl.main(mode + ["--threads", str(args.threads), "--timeout", str(args.timeout)])
+    loss_args = args.loss_args if args.loss_args is not None else (
+        ["--smoke"] if args.smoke else ["--quick", "--n", "512"] if args.quick else ["--quick"])
     print(f"\n## 3. fused GRPO loss (benchmarks/fused_loss.py {' '.join(loss_args)})", flush=True)
     text, loss = run_fused_loss(loss_args, args.timeout)
     print(text)

@@ -14,23 +14,35 @@ is outside torch's allocator statistics). With --qlora there is no "shared" base
 
 It drives the same code the CPU tests run (build_trainer, Trainer.train_step, VLLMEngine);
 on a CPU it runs too (a smoke check, memory columns empty): --model <dir> --device-check.
+
+    python benchmarks/vllm_grpo.py --smoke [--json F]   # the whole path in seconds, on any machine
+
+--smoke: tiny-arith (float32), 2 steps of 2 prompts x 2, 8 new tokens, on CUDA or CPU. Without vLLM
+installed it says so and runs the same loop, standalone generate and table on the hf engine (one mode,
+"hf"): the vLLM-only figures (sync time, shared / copied MiB) are left empty, not faked.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+# --smoke: the run's sizes (argparse dests); the engine and modes depend on whether vLLM is installed
+SMOKE = {"model": "tiny-arith", "dtype": "float32", "steps": 2, "prompts": 2, "G": 2, "max_new_tokens": 8,
+         "max_model_len": 256, "micro_batch": 4, "lora_r": 4}
 
 
 def child(args) -> dict:
     import torch
 
-    import tinyrl.rollout as rollout
     from tinyrl.api import build_trainer
-    from tinyrl.rollout.vllm import VLLMEngine
+    from tinyrl.rollout import engines
 
     cuda = torch.cuda.is_available()
     peak = [0]
@@ -41,10 +53,12 @@ def child(args) -> dict:
             peak[0] = max(peak[0], total - free)
 
     if args.mode == "unshared":
-        rollout.ENGINES["vllm"] = lambda m, t, cfg, seed: VLLMEngine.from_run(m, t, cfg, seed=seed, share_weights=False)
+        from tinyrl.rollout.vllm import VLLMEngine
+
+        engines.ENGINES["vllm"] = lambda m, t, cfg, seed: VLLMEngine.from_run(m, t, cfg, seed=seed, share_weights=False)
     overrides = {
         "model.name": args.model, "model.dtype": args.dtype, "model.load_in_4bit": args.qlora,
-        "rollout.engine": "vllm", "rollout.num_generations": args.G, "train.prompts_per_step": args.prompts,
+        "rollout.engine": args.engine, "rollout.num_generations": args.G, "train.prompts_per_step": args.prompts,
         "rollout.max_new_tokens": args.max_new_tokens, "rollout.max_model_len": args.max_model_len,
         "rollout.gpu_memory_utilization": args.gpu_memory_utilization, "train.steps": args.steps,
         "train.micro_batch_size": args.micro_batch, "train.eval_before_after": False, "log.progress": False,
@@ -71,17 +85,17 @@ def child(args) -> dict:
         tokens = m["completion_len"] * args.prompts * args.G
         steps.append({"tokens": tokens, "gen_s": m["gen_time"], "step_s": m["step_time"],
                       "k3": m["rollout_trainer_k3"], "maxdiff": m["rollout_trainer_maxdiff"]})
-    syncs = eng.sync_times[-args.steps:]
-    share = eng.share
+    syncs = getattr(eng, "sync_times", [])[-args.steps:]  # vLLM's adapter hand-over; the hf engine has none
+    share = getattr(eng, "share", None)
     return {
-        "mode": args.mode, "qlora": args.qlora, "init_s": round(init_s, 1),
+        "mode": args.mode, "engine": args.engine, "qlora": args.qlora, "init_s": round(init_s, 1),
         "standalone_tok_s": round(standalone_tok / standalone_s, 1),
         "loop_tok_s": round(sum(s["tokens"] for s in steps) / sum(s["gen_s"] for s in steps), 1),
-        "sync_s_per_step": round(sum(syncs) / len(syncs), 4),
+        "sync_s_per_step": round(sum(syncs) / len(syncs), 4) if syncs else None,
         "step_s": round(sum(s["step_s"] for s in steps) / len(steps), 2),
         "peak_gpu_gib": round(peak[0] / 2 ** 30, 2) if cuda else None,
         "trainer_peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
-        "shared_mib": round(share.shared_bytes / 2 ** 20, 1) if share else 0.0,
+        "shared_mib": round(share.shared_bytes / 2 ** 20, 1) if share else (0.0 if args.engine == "vllm" else None),
         "copied_mib": round(share.copied_bytes / 2 ** 20, 1) if share else None,
         "canary_k3_max": max(s["k3"] for s in steps), "canary_maxdiff_max": max(s["maxdiff"] for s in steps),
     }
@@ -100,30 +114,51 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    p.add_argument("--run-dir", default="runs/bench-vllm")
-    p.add_argument("--modes", default="shared,unshared")
+    p.add_argument("--run-dir", default=None, help="default runs/bench-vllm (--smoke: a temporary folder)")
+    p.add_argument("--modes", default=None, help="default shared,unshared (--smoke without vLLM: hf)")
     p.add_argument("--device-check", action="store_true", help="allow running without CUDA (a smoke check)")
+    p.add_argument("--smoke", action="store_true", help="the whole path in seconds on any machine (see above)")
+    p.add_argument("--json", help="also write the rows here")
     p.add_argument("--mode", help=argparse.SUPPRESS)  # set in the child process
+    p.add_argument("--engine", default="vllm", help=argparse.SUPPRESS)  # set in the child process
     args = p.parse_args()
+    if args.smoke:  # the smoke's sizes over the defaults (the child gets --smoke too, so it sees the same)
+        p.set_defaults(**SMOKE)
+        args = p.parse_args()
     if args.mode:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
     import torch
 
+    vllm = importlib.util.find_spec("vllm") is not None
+    if args.smoke:
+        args.device_check = True
+        if not vllm:
+            print("smoke: vllm is not installed: the vLLM engine, its weight sharing and its adapter sync are NOT "
+                  "measured; the same loop runs on the hf engine (one mode, hf; the vLLM-only columns are empty)")
     if not torch.cuda.is_available() and not args.device_check:
         sys.exit("no CUDA device: this benchmark measures GPU memory and speed (use --device-check to smoke-run on CPU)")
-    results = []
-    for mode in args.modes.split(","):
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode],
-                             capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-        if out.returncode or not lines:
-            sys.exit(f"{mode} run failed (rc {out.returncode}):\n{out.stderr[-4000:]}")
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+    engine = "vllm" if vllm or not args.smoke else "hf"
+    modes = (args.modes or ("shared,unshared" if engine == "vllm" else "hf")).split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = args.run_dir or (tmp if args.smoke else "runs/bench-vllm")
+        results = [run_mode(mode, engine, run_dir) for mode in modes]
     cols = list(results[0])
     print(" | ".join(cols))
     for r in results:
         print(" | ".join(str(r[c]) for c in cols))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def run_mode(mode: str, engine: str, run_dir: str) -> dict:
+    """One configuration in a fresh process (its own CUDA context and peak)."""
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode, "--engine", engine, "--run-dir", run_dir]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if out.returncode or not lines:
+        sys.exit(f"{mode} run failed (rc {out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """tinyrl vs TRL's GRPOTrainer: the same GRPO run on both, side by side, each run in a fresh process.
 
     python benchmarks/vs_trl.py                      # every case, A B A B, then the scaling table
-    python benchmarks/vs_trl.py --quick              # smoke run: tiny model, A B once, 3 steps, 2 scaling points
+    python benchmarks/vs_trl.py --quick              # short run: tiny model, A B once, 3 steps, 2 scaling points
+    python benchmarks/vs_trl.py --smoke --json F     # the whole path in about a minute (see SMOKE_CASES)
     python benchmarks/vs_trl.py --cases tiny-lora smollm-lora --repeats 3 --no-scaling
     python benchmarks/vs_trl.py --scaling-only --json /tmp/vs_trl.json
     python benchmarks/vs_trl.py --cases tiny-lora --no-scaling --trl-defaults   # + a table vs TRL's defaults
@@ -80,6 +81,11 @@ SCALING_G = (4, 8, 16)  # at SCALING_L_FIXED tokens
 SCALING_L = (64, 128, 256)  # at SCALING_G_FIXED completions per prompt
 SCALING_G_FIXED, SCALING_L_FIXED = 8, 128
 SCALING = dict(task="dense", prompts=4, steps=5, lr=2e-3, lora_r=16, lora_alpha=32, lora_targets="all-linear")
+# --smoke: the whole path (both sides, the float copy the smollm cases load, nf4, the tables, the JSON) in about
+# a minute: tiny-arith float-copied, QLoRA, 4 prompts x 4; one A/B pair of SMOKE_STEPS steps, one scaling point
+SMOKE_CASES = {"smoke-qlora": {**TINY, "qlora": True, "float_copy": True, "prompts": 4, "generations": 4,
+                               "micro_batch": 16}}
+SMOKE_STEPS = 2
 
 
 # --------------------------------------------------------------------------- running
@@ -224,23 +230,15 @@ def stand_in_model(root: str, no_eos: bool) -> str:
     return path
 
 
-def float_copy(name: str, root: str) -> str:
-    """A safetensors (float32) folder of a GGUF model, made once per benchmark run."""
-    path = os.path.join(root, name + "-float32")
-    if not os.path.isdir(path):
-        code = ("import sys; from types import SimpleNamespace as N; from tinyrl.model import *; "
-                "r = resolve_model(sys.argv[1]); load_tokenizer(r).save_pretrained(sys.argv[2]); "
-                "m = load_base_model(N(dtype='float32', load_in_4bit=False), r); "
-                "m.hf_quantizer = None; m.is_quantized = False; "
-                "m.config.__dict__.pop('quantization_config', None); m.save_pretrained(sys.argv[2])")
-        subprocess.run([sys.executable, "-c", code, name, path], check=True, capture_output=True)
-    return path
+def case_spec(name: str, root: str, quick: bool, threads: int, smoke: bool = False) -> tuple[dict, str]:
+    sys.path.insert(0, str(HERE))
+    from _bench import float_copy
 
-
-def case_spec(name: str, root: str, quick: bool, threads: int) -> tuple[dict, str]:
     from tinyrl.model import resolve_model
 
-    spec = {**CASES[name], "threads": threads}
+    spec = {**CASES, **SMOKE_CASES}[name]
+    copy = spec.get("float_copy", False)
+    spec = {**{k: v for k, v in spec.items() if k != "float_copy"}, "threads": threads}
     note = ""
     if spec["model"] == "tiny-arith" and not tiny_arith_built():
         spec.update(model=stand_in_model(root, no_eos=False), task="dense")
@@ -249,25 +247,33 @@ def case_spec(name: str, root: str, quick: bool, threads: int) -> tuple[dict, st
         spec["model"] = float_copy(spec["model"], root)
         note = ("GGUF de-quantised once to a float32 safetensors copy that both sides load (same weights; "
                 "parsing the GGUF costs ~1 min per process, and nf4 cannot be applied to a GGUF load)")
+    elif copy:  # the smoke: the smollm cases' float-copy step, on a model that loads in a second (no GGUF parse)
+        spec["model"] = float_copy(spec["model"], root)
+        note = "smoke: both sides load a float32 copy made as the smollm cases' GGUF copy is (no GGUF here)"
     if quick:
         spec["steps"] = 3
+    if smoke:
+        spec["steps"] = SMOKE_STEPS
     return spec, note
 
 
-def scaling_points(quick: bool) -> list[tuple[int, int]]:
+def scaling_points(quick: bool, smoke: bool = False) -> list[tuple[int, int]]:
+    if smoke:
+        return [(2, 8)]
     if quick:
         return [(4, 32), (8, 32)]
     pts = [(g, SCALING_L_FIXED) for g in SCALING_G] + [(SCALING_G_FIXED, n) for n in SCALING_L]
     return list(dict.fromkeys(pts))
 
 
-def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print, repeats: int = 1) -> list[dict]:
+def run_scaling(root: str, quick: bool, threads: int, timeout: int, log=print, repeats: int = 1,
+                smoke: bool = False) -> list[dict]:
     """The scaling points, `repeats` A/B pairs each (ratios per pair, as the cases)."""
     model = stand_in_model(root, no_eos=True)
     rows = []
-    for i, (g, n) in enumerate(scaling_points(quick)):
+    for i, (g, n) in enumerate(scaling_points(quick, smoke)):
         spec = {**SCALING, "model": model, "generations": g, "max_new_tokens": n, "threads": threads,
-                "micro_batch": min(SCALING["prompts"] * g, 32)}
+                "micro_batch": min(SCALING["prompts"] * g, 32), **({"steps": SMOKE_STEPS} if smoke else {})}
         log(f"  scaling G={g} L={n}")
         order = SIDES if i % 2 == 0 else SIDES[::-1]  # A B, B A, ...: drift cancels across points
         rows.append({"G": g, "L": n, **compare(spec, repeats, timeout, order, log)})
@@ -377,7 +383,10 @@ def _list(xs):
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: tiny-lora only, one A B pair, 3 steps")
+    p.add_argument("--quick", action="store_true", help="a short run: tiny-lora only, one A B pair, 3 steps")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"the whole path in about a minute: case {', '.join(SMOKE_CASES)} (tiny-arith float-copied, "
+                        f"QLoRA, 4 x 4), one A B pair of {SMOKE_STEPS} steps, one scaling point")
     p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=None)
     p.add_argument("--repeats", type=int, default=None, help="A B pairs per case (default 2; --quick 1)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
@@ -389,19 +398,21 @@ def main(argv=None) -> dict:
                    help=f"also run TRL at GRPOConfig's default gradient_checkpointing=True (side {TRL_DEFAULT}), "
                         "paired with the same tinyrl runs, and print a second table against it")
     args = p.parse_args(argv)
-    cases = [] if args.scaling_only else (args.cases or (["tiny-lora"] if args.quick else list(CASES)))
-    repeats = args.repeats or (1 if args.quick else 2)
+    default_cases = list(SMOKE_CASES) if args.smoke else ["tiny-lora"] if args.quick else list(CASES)
+    cases = [] if args.scaling_only else (args.cases or default_cases)
+    repeats = args.repeats or (1 if args.quick or args.smoke else 2)
     order = ("trl", "tinyrl", TRL_DEFAULT) if args.trl_defaults else SIDES  # tinyrl next to both TRL runs
     results, notes = {}, {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
         for name in cases:
-            spec, note = case_spec(name, root, args.quick, args.threads)
+            spec, note = case_spec(name, root, args.quick, args.threads, args.smoke)
             print(f"== {name}" + (f" ({note})" if note else ""), flush=True)
             results[name] = compare(spec, repeats, args.timeout, order, log=lambda m: print(m, flush=True))
             notes[name] = note
         scaling = [] if args.no_scaling else run_scaling(root, args.quick, args.threads, args.timeout,
-                                                         log=lambda m: print(m, flush=True), repeats=repeats)
+                                                         log=lambda m: print(m, flush=True), repeats=repeats,
+                                                         smoke=args.smoke)
     print(f"\n== tinyrl vs TRL {_trl_version()} GRPOTrainer ({args.threads} threads, {os.cpu_count()} cores, "
           f"{time.perf_counter() - t0:.0f} s)")
     if results:
@@ -417,7 +428,7 @@ def main(argv=None) -> dict:
     if scaling:
         print(f"\nscaling (random tiny-arith-shaped Llama, no EOS, B={SCALING['prompts']} prompts, dense reward):")
         print(scaling_table(scaling))
-    out = {"cases": results, "notes": notes, "scaling": scaling, "threads": args.threads}
+    out = {"cases": results, "notes": notes, "scaling": scaling, "threads": args.threads, "smoke": args.smoke}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out
