@@ -109,6 +109,16 @@ def lighter(color: str, amount: float = 0.55) -> str:
     return "#" + "".join(f"{round(c + (255 - c) * amount):02x}" for c in rgb)
 
 
+def shown_keys(title: str, rows: list[dict]) -> list[str]:
+    """The metrics a run's panel draws: the panel's keys, less a run's only reward component when it is
+    reward_mean itself (one reward function: the two lines would lie exactly on each other)."""
+    keys = keys_of(PANELS[title], rows)
+    parts = [k for k in keys if k.startswith("reward/")]
+    if len(parts) == 1 and series_points(rows, parts[0]) == series_points(rows, "reward_mean"):
+        keys.remove(parts[0])
+    return keys
+
+
 def keys_of(panel: tuple[str, ...], rows: list[dict]) -> list[str]:
     keys = []
     for k in panel:
@@ -174,9 +184,10 @@ class Chart:
         """The step range from the points; a y range around a flat panel's one value (else its axis has one
         tick, printed to six decimals)."""
         self.x_lim = x_range(max((p["step"] for p in self.points), default=None))
-        values = {p["value"] for p in self.points}
-        if len(values) == 1:
-            (v,) = values
+        values = [p["value"] for p in self.points]
+        # flat to within rounding (an on-policy run's ESS is 1 - 1e-13): one value, a range around it
+        if values and max(values) - min(values) <= 1e-6 * max(1.0, abs(max(values))):
+            v = (max(values) + min(values)) / 2
             d = max(abs(v) * 0.1, 0.01)
             self.y_lim = [v - d, v + d]
         return self
@@ -227,7 +238,7 @@ def _alarms_for(title: str, alarms: list[dict]) -> list[dict]:
 def run_chart(title: str, rows: list[dict], alarms: list[dict] = ()) -> Chart:
     """One run's panel: every metric of the panel (noisy ones with their smoothed twin), its alarms marked."""
     chart = Chart()
-    for i, key in enumerate(keys_of(PANELS[title], rows)):
+    for i, key in enumerate(shown_keys(title, rows)):
         chart.add_metric(key, series_points(rows, key), PALETTE[i % len(PALETTE)], key in NOISY)
     chart.add_alarms(_alarms_for(title, alarms))
     return chart.finish()

@@ -13,17 +13,16 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from tinyrl.config import ConfigError, list_presets, load_config, parse_override, read_preset
-from tinyrl.planner import GPUS, PROFILE_GPUS
-from tinyrl.planner.gpus import world_size_of
-from tinyrl.planner.memory import size
-from tinyrl.planner.report import (
+from tinyrl.plan_report import (
+    KNOBS,
     budget_for,
     budget_line,
     maxima_of,
@@ -32,6 +31,9 @@ from tinyrl.planner.report import (
     this_machine,
     verdict_lines,
 )
+from tinyrl.planner import GPUS, PROFILE_GPUS
+from tinyrl.planner.gpus import world_size_of
+from tinyrl.planner.memory import size
 
 # (form label, dotted config key); the order is the form's.
 FIELDS: tuple[tuple[str, str], ...] = (
@@ -45,10 +47,22 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("LoRA r", "lora.r"),
     ("4-bit base (QLoRA)", "model.load_in_4bit"),
     ("max new tokens", "rollout.max_new_tokens"),
+    ("dataset (a file in the runs directory's data/, or a hub id)", "data.dataset"),
+    ("prompt column", "data.columns.prompt"),
+    ("answer column (the verifier's gold)", "data.columns.answer"),
+    ("base quantization (int8 / fp8 weight-only)", "model.quantization"),
+    ("max staleness (policy versions; 0: synchronous)", "rollout.max_staleness"),
+    ("one-step-off (overlap the next batch with the update)", "rollout.overlap"),
+    ("agent: streaming episodes", "agent.streaming"),
 )
 KEYS = tuple(k for _, k in FIELDS)
+LABELS = {k: label for label, k in FIELDS}
+NUMBERS = ("train.steps", "train.lr", "rollout.num_generations", "train.prompts_per_step", "lora.r",
+           "rollout.max_new_tokens", "rollout.max_staleness")  # an empty box is no value: said so, not None
 NO_RECIPE = "none"  # the recipe dropdown's entry for algo.recipe: null
+AUTO_ANSWER, NO_ANSWER = "", "(none)"  # answer column: found by name (answer, solution); null: no verifier
 UI_OWNED = ("log.run_dir", "log.name")  # the UI decides where a run goes (see Launcher.start)
+NO_PROFILE = "none (the preset as written)"
 
 
 def presets() -> list[str]:
@@ -79,11 +93,16 @@ def profiles(name: str) -> list[str]:
     return sorted(raw) if isinstance(raw, dict) else []
 
 
+def profile_choices(name: str) -> list[tuple[str, str]]:
+    """The profile dropdown: (shown, value), the preset as written first."""
+    return [(NO_PROFILE, "")] + [(p, p) for p in profiles(name)]
+
+
 def _get(cfg, key: str):
     obj = cfg
     for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+        obj = obj.get(part, AUTO_ANSWER if part == "answer" else None) if isinstance(obj, dict) else getattr(obj, part)
+    return NO_ANSWER if key == "data.columns.answer" and obj is None else obj
 
 
 def form_values(preset: str, profile: str | None) -> dict[str, object]:
@@ -108,6 +127,10 @@ def yaml_scalar(value) -> str:
 def _norm(key: str, value):
     if key == "algo.recipe" and value in (NO_RECIPE, "", None):
         return None
+    if key in ("data.dataset", "data.columns.prompt") and value in ("", None):
+        return None
+    if key == "data.columns.answer":
+        return AUTO_ANSWER if value is None else value
     if isinstance(value, float) and value.is_integer() and key != "train.lr":
         return int(value)  # a gradio Number may hand back 8.0 for 8
     return value
@@ -120,9 +143,12 @@ def form_overrides(preset: str, profile: str | None, values: dict[str, object]) 
     for key in KEYS:
         if key not in values:
             continue
+        if key in NUMBERS and values[key] is None:
+            raise ConfigError(f"{key} ({LABELS[key]}): the box is empty; type a number (the preset's is {base[key]})")
         v = _norm(key, values[key])
-        if v != base[key]:
-            out.append(f"{key}={yaml_scalar(v)}")
+        if v == base[key] or (key == "data.columns.answer" and v == AUTO_ANSWER):
+            continue  # (an answer column found by name cannot be asked for over one the preset names)
+        out.append(f"{key}={'null' if v == NO_ANSWER else yaml_scalar(v)}")
     return out
 
 
@@ -203,9 +229,13 @@ class MemoryEstimate:
     summary: str  # the budget, the verdict (peak of budget, fits or not), notes, the largest that fit
     table: str  # the whole plan as `tinyrl plan` prints it ("" when the run could not be planned)
     fits: bool | None  # None: not planned (the summary says why)
+    fit: list[str] = field(default_factory=list)  # `key=value` that makes a run that does not fit fit ([]: none)
 
 
 _PROMPT_LENGTHS: dict[tuple, tuple[int | None, str]] = {}
+# Held by whatever in the UI first imports the model stack or loads a tokenizer or model on a worker thread:
+# transformers' lazy module is not safe to import from two threads at once ("cannot import name 'AutoModel'").
+MODEL_STACK = threading.RLock()
 
 
 def _prompt_length(cfg) -> tuple[int | None, str]:
@@ -214,7 +244,8 @@ def _prompt_length(cfg) -> tuple[int | None, str]:
     if key not in _PROMPT_LENGTHS:
         if len(_PROMPT_LENGTHS) >= 64:
             _PROMPT_LENGTHS.clear()
-        _PROMPT_LENGTHS[key] = prompt_length(cfg)
+        with MODEL_STACK:  # it loads the model's tokenizer (transformers)
+            _PROMPT_LENGTHS[key] = prompt_length(cfg)
     return _PROMPT_LENGTHS[key]
 
 
@@ -230,7 +261,10 @@ def memory_estimate(cfg, card: str = DETECTED, profile: str | None = None) -> Me
         p, table = plan_text(cfg, device, budget, label, world_size_of(profile), tokens, note)
     except ValueError as e:  # ConfigError too: what `tinyrl plan` would print as "tinyrl: error: ..."
         return MemoryEstimate(f"no memory plan: {e}", "", None)
-    return MemoryEstimate("\n".join([budget_line(p), *verdict_lines(p, maxima_of(p))]), table, p.fits)
+    maxima = maxima_of(p)
+    # the largest that fit are each enough alone: the first the planner found (micro-batch first: speed only)
+    fit = next(([f"{KNOBS[k]}={v}"] for k, v in maxima.items() if v is not None), []) if not p.fits else []
+    return MemoryEstimate("\n".join([budget_line(p), *verdict_lines(p, maxima)]), table, p.fits, fit)
 
 
 def runs_dir_override(runs_dir: Path, name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Start, stop, resume and evaluate runs as subprocesses that never depend on the UI.
+"""Start, stop, resume, evaluate and export runs as subprocesses that never depend on the UI.
 
 Each `tinyrl train` / `tinyrl eval` is `sys.executable -m tinyrl.cli ...` in its own session
 (closing or killing the UI never signals it), writing stdout+stderr straight into a log file
@@ -20,10 +20,11 @@ import time
 import zipfile
 from pathlib import Path
 
-from tinyrl.apps import procs, runs_view
+from tinyrl.apps import adapters, evals, exports, housekeeping, procs, runs_view
 from tinyrl.apps.forms import Plan, runs_dir_override, split_overrides
 from tinyrl.apps.paths import check_name, inside, resolve_run
-from tinyrl.config import parse_override, resolve
+from tinyrl.config import config_changes, parse_override, resolve
+from tinyrl.hub_push import check_repo_id
 
 
 class LaunchError(RuntimeError):
@@ -77,7 +78,7 @@ class Launcher:
             if not run.is_dir() or not ((run / "metrics.jsonl").exists()
                                         or not procs.alive(procs.read_pidfile(pid_file))):
                 continue  # the trainer may still remove a folder whose start failed
-            for kind_ext in ("train.log", "train.pid"):
+            for kind_ext in ("train.log", "train.pid", f"{housekeeping.LAUNCH}.json"):
                 src = staged / f"{name}.{kind_ext}"
                 if src.exists() and not (run / kind_ext).exists():
                     os.replace(src, run / kind_ext)
@@ -95,6 +96,7 @@ class Launcher:
             raise LaunchError(f"run {name!r} exists already in {self.runs_dir}; pick another name")
         resolve_run(self.runs_dir, name)
         cmd = plan.command(runs_dir_override(self.runs_dir, name))
+        housekeeping.write_launch(self.runs_dir, name, plan.preset, plan.profile, plan.overrides)
         self._spawn(cmd, runs_view.staging_file(self.runs_dir, name, "train", "log"),
                     runs_view.staging_file(self.runs_dir, name, "train", "pid"), "train", "train")
         return name
@@ -125,10 +127,12 @@ class Launcher:
             raise LaunchError(f"run {name!r} has no checkpoint to resume from")
         tokens = split_overrides(overrides)  # refuses log.run_dir / log.name: a resumed run stays put
         kv = {".".join(k): v for k, v in map(parse_override, tokens)}
-        resolve(overrides=kv, resume=run, decide_auto=False)  # the resolution `tinyrl train --resume` makes
+        resolved = resolve(overrides=kv, resume=run, decide_auto=False)  # the resolution `tinyrl train --resume` makes
+        changed = config_changes(runs_view.run_config(run), resolved.written)
         cmd = [sys.executable, "-m", "tinyrl.cli", "train", "--resume", str(run), *tokens]
         self._spawn(cmd, run / "train.log", run / "train.pid", "train", "resume")
-        return f"resuming {name} from {runs_view.checkpoints(run)[-1].name}"
+        what = "; ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items()) if changed else "nothing changed"
+        return f"resuming {name} from {runs_view.checkpoints(run)[-1].name}: {what}"
 
     def adapter_dir(self, name: str) -> Path:
         """The run's final adapter, else the adapter of its latest checkpoint."""
@@ -137,15 +141,60 @@ class Launcher:
             raise LaunchError(f"run {name!r} has no adapter yet (neither adapter/ nor a checkpoint)")
         return found
 
-    def evaluate(self, name: str) -> str:
-        """`tinyrl eval <run>/config.yaml --adapter <adapter>`: held-out accuracy of the trained adapter."""
+    def evaluate(self, name: str, choice: str | None = None, samples: int = 0, ks: list[int] = (),
+                 prompts: int | None = None) -> str:
+        """`tinyrl eval <run>/config.yaml --adapter A [--samples N --k ...] [data.num_eval=M]` of the chosen
+        adapter (adapters.py: latest, best, a checkpoint), recorded in <run>/evals/ (evals.py)."""
         run = self.run_path(name)
         if procs.alive(runs_view.process(self.runs_dir, name, "eval")):
             raise LaunchError(f"an evaluation of {name!r} is running already")
-        adapter = self.adapter_dir(name)
-        cmd = [sys.executable, "-m", "tinyrl.cli", "eval", str(run / "config.yaml"), "--adapter", str(adapter)]
-        self._spawn(cmd, run / "eval.log", run / "eval.pid", "eval", f"eval {adapter.relative_to(run)}")
-        return f"evaluating {name} ({adapter.relative_to(run)}); the result appears below when it is done"
+        key, adapter = self._adapter(run, choice)
+        samples, ks = int(samples or 0), sorted({int(k) for k in ks or ()})
+        if samples and ks and ks[-1] > samples:
+            raise LaunchError(f"k={ks[-1]} needs at least {ks[-1]} samples per prompt (k <= samples)")
+        rec = evals.new_record(run, key, adapter, samples, ks, prompts)
+        self._spawn(evals.command(run, adapter, samples, ks, prompts), evals.log_path(run, rec), run / "eval.pid",
+                    "eval", f"eval {adapter.relative_to(run)}")
+        return f"evaluating {name} ({adapters.label_of(key)}); the result appears below when it is done"
+
+    def _adapter(self, run: Path, choice: str | None) -> tuple[str, Path]:
+        try:
+            return adapters.resolve(run, choice)
+        except FileNotFoundError as e:
+            raise LaunchError(str(e)) from None
+
+    def export(self, name: str, kind: str, out_name: str = "", dtype: str = "bfloat16", push: str = "",
+               private: bool = False, gguf_type: str = "f16") -> str:
+        """`tinyrl export <run> ...` as a process (exports.py); the adapter alone is copied here (no model)."""
+        run = self.run_path(name)
+        if kind not in exports.KINDS or (kind == "gguf" and exports.gguf_missing()):
+            raise LaunchError(exports.gguf_missing() if kind == "gguf" else f"export: no kind {kind!r}")
+        if procs.alive(runs_view.process(self.runs_dir, name, "export")):
+            raise LaunchError(f"an export of {name!r} is running already")
+        if not (run / "adapter" / "adapter_config.json").is_file():
+            raise LaunchError(f"run {name!r} has no final adapter yet (interrupted, or still training): "
+                              f"Resume it to its end, then export")
+        if push:
+            check_repo_id(push.strip())
+            ok, words = exports.login_state()
+            if not ok:
+                raise LaunchError(words)
+        out_name = out_name.strip() or exports.default_name(kind, dtype, gguf_type)
+        out_name += ".gguf" if kind == "gguf" and not out_name.endswith(".gguf") else ""
+        out = exports.out_path(run, out_name)
+        if out.exists():
+            raise LaunchError(f"export {out.name!r} exists already in {name}/{exports.OUT_DIR}; pick another name")
+        rel = str(out.relative_to(run))
+        exports.write_info(run, kind=kind, out=rel, push=push.strip() or None, dtype=dtype, gguf_type=gguf_type)
+        if kind == "adapter":
+            exports.copy_adapter(run, out)
+            if not push:
+                return f"exported the adapter of {name} to {name}/{rel}"
+        out.parent.mkdir(exist_ok=True)
+        cmd = exports.command(run, kind, None if kind == "adapter" else out, dtype, push.strip() or None, private,
+                              gguf_type)
+        self._spawn(cmd, run / exports.LOG, run / "export.pid", "export", f"export {kind}")
+        return f"exporting {name} ({exports.KINDS[kind]}) to {name}/{rel}" + (f", then to the hub as {push}" if push else "")
 
     def adapter_zip(self, name: str) -> Path:
         """A zip of the adapter folder (regular files only; symlinks are skipped), in a fresh temp dir."""

@@ -1,11 +1,13 @@
 """What the UI shows, read from run folders only (pure functions; no gradio, no state).
 
 A run folder is the trainer's (`tinyrl/runs.py`): config.yaml, metrics.jsonl, samples.jsonl,
-alarms.jsonl, summary.json, checkpoints/step-*/, adapter/, and the trainer's `.lock`. The UI adds
-`train.log` + `train.pid` (and `eval.log` + `eval.pid`) beside them. Until the trainer has made
+alarms.jsonl, resumes.jsonl, summary.json, checkpoints/step-*/, adapter/, and the trainer's `.lock`.
+The UI adds `train.log` + `train.pid`, `launch.json` (what the form launched), `eval.pid` + `evals/`
+(evals.py) and `export.pid` + `export.log` + `exports/` (exports.py) beside them. Until the trainer has made
 the folder, a run the UI started lives in the runs directory's `.ui/` as `<name>.train.log` and
 `<name>.train.pid`; the launcher moves both into the folder once training is under way.
-The curves are drawn from `metrics()` and `alarms()` by charts.py; status.py decides the words.
+The curves are drawn from `metrics()` and `alarms()` by charts.py; status.py decides the words;
+runs_table.py puts a run's figures together.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
@@ -32,6 +33,11 @@ STATUSES = ("starting", "running", "finished", "failed", "interrupted")
 
 
 def staging_file(runs_dir: Path, name: str, kind: str, ext: str) -> Path:
+    """Where a run still starting keeps its `kind.ext` file.
+
+    >>> staging_file(Path("runs"), "r1", "train", "pid").as_posix()
+    'runs/.ui/r1.train.pid'
+    """
     return Path(runs_dir) / UI_DIR / f"{name}.{kind}.{ext}"
 
 
@@ -137,37 +143,6 @@ def status(runs_dir: Path, name: str) -> str:
     return "interrupted" if checkpoints(run) else "failed"
 
 
-@dataclass
-class RunInfo:
-    name: str
-    status: str
-    step: int | None  # last step in metrics.jsonl
-    steps: int | None  # train.steps of the run's config
-    reward: float | None  # last reward_mean
-    started: str
-    description: str
-    best_reward: float | None = None  # highest reward_mean so far
-    best_step: int | None = None
-    seconds_per_step: float | None = None  # median step_time of the last steps
-    eta_s: float | None = None  # seconds to train.steps at that pace (live runs only)
-    held_out: str = ""  # held-out accuracy: the run's before -> after, else the UI's last evaluation
-
-    def row(self) -> list:
-        """The runs table's row (TABLE_HEADERS).
-
-        >>> RunInfo("r", "running", 2, 4, 0.5, "2026-12-06 07:14:57", "", 0.75, 1, 2.0, 4.0, "").row()
-        ['r', 'running', '2/4', '0.500', '0.750 (step 1)', '2.00', '4s', '', '2026-12-06 07:14:57']
-        """
-        frac = f"{self.step or 0}/{self.steps}" if self.steps is not None else str(self.step or 0)
-        reward = "" if self.reward is None else f"{self.reward:.3f}"
-        best = "" if self.best_reward is None else f"{self.best_reward:.3f} (step {self.best_step})"
-        pace = "" if self.seconds_per_step is None else f"{self.seconds_per_step:.2f}"
-        return [self.name, self.status, frac, reward, best, pace, st.duration(self.eta_s), self.held_out, self.started]
-
-
-TABLE_HEADERS = ["run", "status", "step", "reward", "best reward", "s/step", "ETA", "held-out", "started"]
-
-
 def run_config(run: Path) -> dict:
     try:
         data = yaml.safe_load((Path(run) / "config.yaml").read_text())
@@ -179,37 +154,6 @@ def run_config(run: Path) -> dict:
 def metrics(run: Path) -> list[dict]:
     return [r for r in read_jsonl(Path(run) / "metrics.jsonl") if isinstance(r, dict) and "step" in r]
 
-
-def info(runs_dir: Path, name: str) -> RunInfo:
-    run = Path(runs_dir) / name
-    cfg = run_config(run)
-    rows = metrics(run)
-    last = rows[-1] if rows else {}
-    steps = (cfg.get("train") or {}).get("steps") if isinstance(cfg.get("train"), dict) else None
-    steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
-    t0, state = started(Path(runs_dir), name), status(runs_dir, name)
-    best, pace = st.best(rows), st.pace(rows)
-    return RunInfo(name=name, status=state, step=last.get("step"), steps=steps,
-                   reward=st.num(last.get("reward_mean")),
-                   started=time.strftime(_STAMP, time.localtime(t0)) if t0 else "",
-                   description=str(cfg.get("description") or ""),
-                   best_reward=best and best[0], best_step=best and best[1], seconds_per_step=pace,
-                   eta_s=st.eta(state, last.get("step"), steps, pace),
-                   held_out=st.held_out(read_json(run / "summary.json"), eval_status(runs_dir, name)))
-
-
-def list_runs(runs_dir: Path) -> list[RunInfo]:
-    return [info(runs_dir, n) for n in run_names(runs_dir)]
-
-
-def info_dict(runs_dir: Path, name: str) -> dict:
-    """Everything a script (or a test) wants to know about one run, JSON-ready."""
-    run = Path(runs_dir) / name
-    out = asdict(info(runs_dir, name))
-    out.update(checkpoints=[p.name for p in checkpoints(run)], adapter=(run / "adapter").is_dir(),
-               metric_rows=len(metrics(run)), alarms=[a.get("name") for a in alarms(run)],
-               summary=read_json(run / "summary.json"), eval=eval_status(runs_dir, name))
-    return out
 
 
 # --------------------------------------------------------------------------- the rest of the folder
@@ -251,21 +195,6 @@ def tracker_text(run: Path) -> str:
     return st.tracker_line(read_json(Path(run) / "tracker.json") or {})
 
 
-def accuracy_text(run: Path) -> str:
-    """Held-out accuracy before/after from summary.json, in words."""
-    s = read_json(Path(run) / "summary.json")
-    if not s:
-        return "held-out accuracy: not measured yet (summary.json is written when the run ends)"
-    b, a = st.num(s.get("eval_before")), st.num(s.get("eval_after"))
-    if b is None and a is None:
-        return "held-out accuracy: not measured in this run (train.eval_before_after=false or no verifier)"
-    fmt = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    text = f"held-out accuracy (greedy pass@1): before {fmt(b)} → after {fmt(a)}"
-    if a is not None and b is not None:
-        text += f" ({100 * (a - b):+.1f} points)"
-    return text + (f"; error: {s['error']}" if s.get("error") else "")
-
-
 def log_tail(path: Path, lines: int = 60, max_bytes: int = 256_000) -> str:
     """The last lines of a log, with progress-bar redraws (\\r) collapsed to their final state."""
     try:
@@ -284,29 +213,20 @@ def log_tail(path: Path, lines: int = 60, max_bytes: int = 256_000) -> str:
     return "\n".join(out[-lines:])
 
 
-EVAL_BANNER = "=== tinyrl ui: eval "
-ACCURACY = re.compile(r"^held-out accuracy \(greedy pass@1\): ([0-9.]+)%")
+BEFORE = re.compile(rb"held-out accuracy before training: ([0-9.]+)")
 
 
-def eval_status(runs_dir: Path, name: str) -> dict:
-    """The last `tinyrl eval` the UI started for this run (eval.log from its last banner on):
-    state (none / running / done), the adapter and start time, its accuracy line, or its error."""
-    log = Path(runs_dir) / name / "eval.log"
-    if not log.exists():
-        return {"state": "none", "result": None}
-    section = log_tail(log, lines=400).rsplit(EVAL_BANNER, 1)
-    lines = section[-1].splitlines()
-    adapter, _, at = (lines[0] if len(section) > 1 and lines else "").strip().partition(" at ")
-    out = {"state": "running" if procs.alive(process(runs_dir, name, "eval")) else "done", "result": None,
-           "accuracy": None, "prompts": None, "error": None, "adapter": adapter or None, "at": at or None}
-    for i, line in enumerate(lines):
-        if m := ACCURACY.match(line):
-            out.update(result=line.strip(), accuracy=float(m.group(1)) / 100, error=None)
-            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            if nxt.startswith("prompts:") and nxt.split(":")[1].strip().isdigit():
-                out["prompts"] = int(nxt.split(":")[1])
-        elif line.startswith("tinyrl: error"):
-            out["error"] = line.strip()
-    if out["result"] is None and out["error"] is None and "Traceback" in section[-1]:
-        out["error"] = next((ln.strip() for ln in reversed(lines) if ln.strip()), None)  # the exception's line
-    return out
+def before_from_log(runs_dir: Path, name: str, head: int = 1_000_000) -> float | None:
+    """Held-out accuracy before training as the trainer logged it (its first line), before summary.json has it."""
+    try:
+        with open(ui_file(runs_dir, name, "train", "log"), "rb") as f:
+            m = BEFORE.search(f.read(head))
+    except OSError:
+        return None
+    return float(m.group(1)) if m else None
+
+
+def last_resume(run: Path) -> dict | None:
+    """The newest record of resumes.jsonl (time, overrides, changed: {field: [before, after]}, step, checkpoint)."""
+    rows = [r for r in read_jsonl(Path(run) / "resumes.jsonl") if isinstance(r, dict)]
+    return rows[-1] if rows else None

@@ -58,25 +58,31 @@ def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def held_out(summary: dict | None, evaluation: dict) -> str:
-    """The held-out result for the runs table: the run's own before -> after when it measured them,
-    else the UI's last evaluation of its adapter.
+def held_out(summary: dict | None, evaluation: dict, before: float | None = None) -> str:
+    """The held-out result for the runs table: the run's own before -> after when it measured them
+    (`before`: the figure the trainer logged, before summary.json has it), else the UI's newest
+    evaluation that still describes its adapter.
 
     >>> held_out({"eval_before": 0.435, "eval_after": 0.7}, {"state": "done", "accuracy": 0.7})
     '43.5% → 70.0%'
-    >>> held_out(None, {"state": "done", "accuracy": 0.71})
+    >>> held_out({"eval_before": 0.435, "interrupted": True}, {"state": "none"})
+    '43.5% → n/a'
+    >>> held_out(None, {"state": "done", "fresh_accuracy": 0.71})
     '71.0% (eval)'
     >>> held_out(None, {"state": "running"})
     'evaluating…'
     """
     s = summary or {}
-    before, after = num(s.get("eval_before")), num(s.get("eval_after"))
+    before = num(s.get("eval_before")) if s else before
+    after = num(s.get("eval_after"))
     if evaluation.get("state") == "running":
         return "evaluating…"
     if after is not None:
         return f"{pct(before)} → {pct(after)}" if before is not None else pct(after)
-    if evaluation.get("accuracy") is not None:
-        return f"{pct(evaluation['accuracy'])} (eval)"
+    if evaluation.get("fresh_accuracy") is not None:
+        return f"{pct(evaluation['fresh_accuracy'])} (eval)"
+    if before is not None:
+        return f"{pct(before)} → n/a"
     return ""
 
 
@@ -155,18 +161,23 @@ def ended(before: tuple[str, str] | None, now: tuple[str, str]) -> bool:
 
 
 def eval_line(ev: dict) -> str:
-    """The evaluation panel's words for `runs_view.eval_status`.
+    """The evaluation panel's words for `evals.status`: the newest evaluation, labelled when its adapter changed since.
 
-    >>> eval_line({"state": "done", "result": "held-out accuracy (greedy pass@1): 70.0%", "adapter": "adapter",
+    >>> eval_line({"state": "done", "result": "held-out accuracy (greedy pass@1): 70.0%", "adapter": "final adapter",
     ...            "at": "2026-12-06 07:15:00", "prompts": 200})
-    '**evaluation** of `adapter` (started 2026-12-06 07:15:00): held-out accuracy (greedy pass@1): 70.0% on 200 prompts'
+    '**evaluation** of the final adapter (started 2026-12-06 07:15:00): held-out accuracy (greedy pass@1): 70.0% on 200 prompts'
+    >>> eval_line({"state": "done", "result": "held-out accuracy (greedy pass@1): 70.0%", "adapter": "final adapter",
+    ...            "stale": "stale: the adapter changed after this evaluation"})[:62]
+    '**stale: the adapter changed after this evaluation** — ~~evalu'
     """
     state = ev.get("state")
     if state == "none":
         return "no evaluation yet: **Evaluate adapter** measures held-out accuracy of the trained adapter"
-    what = f"**evaluation** of `{ev.get('adapter') or 'the adapter'}`" + (f" (started {ev['at']})" if ev.get("at") else "")
+    what = f"**evaluation** of the {ev.get('adapter') or 'adapter'}" + (f" (started {ev['at']})" if ev.get("at") else "")
     if state == "running":
         return f"{what}: running … the result appears here when it ends"
     if ev.get("result"):
-        return f"{what}: {ev['result']}" + (f" on {ev['prompts']} prompts" if ev.get("prompts") else "")
-    return f"{what}: ended without a result" + (f": `{ev['error']}`" if ev.get("error") else "; see eval.log in the run folder")
+        text = f"{what}: {ev['result']}" + (f" on {ev['prompts']} prompts" if ev.get("prompts") else "") + \
+            (f"; {ev['sampled']}" if ev.get("sampled") else "")
+        return f"**{ev['stale']}** — ~~{text.replace('**', '')}~~" if ev.get("stale") else text
+    return f"{what}: ended without a result" + (f": `{ev['error']}`" if ev.get("error") else "; see its log in evals/")

@@ -3,6 +3,7 @@ start the default preset, watch metrics arrive, survive the UI being killed (a n
 Stop -> a checkpoint, Resume -> the steps go on; bad input and path traversal refused."""
 
 import json
+import re
 import time
 
 import pytest
@@ -101,11 +102,60 @@ def test_bad_input_and_traversal_are_refused(ui, tmp_path):
     with pytest.raises(AppError, match="log.run_dir: set by the UI"):
         client.predict(*start_args("x", "log.run_dir=/tmp"), api_name="/start")
     for bad in ("../outside", "..", "/etc", "a/../../b"):
-        for api in ("/stop", "/evaluate", "/download", "/run_info"):
+        for api, extra in (("/stop", ()), ("/evaluate", ("latest", 0, [1], 0)), ("/download", ()), ("/run_info", ())):
             with pytest.raises(AppError, match="not a run name"):
-                client.predict(bad, api_name=api)
+                client.predict(bad, *extra, api_name=api)
+        assert "not a run name" in client.predict(bad, "latest", api_name="/sample_prompt")[1]  # said on the page
+        assert "not a run name" in client.predict(bad, "merged", "float32", "", "", False, "f16", api_name="/export")
         with pytest.raises(AppError, match="not a run name"):
             client.predict(*start_args(bad, QUICK), api_name="/start")
     time.sleep(1)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) in ([], [".ui"])  # nothing was started
     assert not list((tmp_path / "runs").glob(".ui/*"))
+
+
+@pytest.mark.slow
+def test_chat_streams_base_beside_adapter_and_exports_load_back(ui, tmp_path):
+    """A trained run in the Chat endpoint: every yield one token further, base and adapter answering apart on
+    held-out prompts with the verifier's verdicts; then its merged export loads back in transformers and
+    answers as the adapter did, and its GGUF export is a GGUF file (when the CLI has --gguf)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tinyrl.apps import exports
+
+    server, client = ui()
+    runs = tmp_path / "runs"
+    client.predict(*start_args("c1", QUICK, steps=12), api_name="/start")
+    wait_for(lambda: info(client, "c1")["status"] == "finished", "c1 to finish", timeout=600)
+    for _ in range(20):  # held-out prompts in order until base and adapter answer apart
+        prompt, note = client.predict("c1", "latest", api_name="/sample_prompt")
+        assert note.startswith("held-out prompt ")
+        job = client.submit("c1", "latest", prompt, 0, None, api_name="/chat")
+        base, tuned, base_verdict, tuned_verdict, _, _, status = job.result(timeout=300)
+        grown = [o[1] for o in job.outputs() if isinstance(o[1], str) and o[1]]
+        assert len(grown) >= 3 and all(tuned.startswith(g) for g in grown) and len(set(grown)) >= 2  # streamed
+        assert "done; base ended by eos" in status
+        if base != tuned:
+            break
+    else:
+        pytest.fail("base and adapter gave the same answer on 20 held-out prompts")
+    gold = re.search(r"gold answer: `(\d+)`", tuned_verdict).group(1)
+    assert tuned_verdict.startswith("**✓ correct**" if tuned == gold else "**✗ wrong**")
+    assert base_verdict.startswith("**✓ correct**" if base == gold else "**✗ wrong**")
+
+    assert client.predict("c1", "merged", "float32", "", "", False, "f16", api_name="/export") == \
+        "exporting c1 (merged model (base + adapter, one folder)) to c1/exports/merged-float32"
+    done = wait_for(lambda: (s := exports.state(runs, "c1"))["state"] in ("done", "failed") and s, "the export")
+    assert done["state"] == "done" and "merged into its weights" in done["card"], done
+    out = runs / "c1" / "exports" / "merged-float32"
+    model, tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+    again = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tok.eos_token_id)
+    assert tok.decode(again[0, ids.shape[1]:], skip_special_tokens=True) == tuned  # the adapter's answer
+
+    if exports.gguf_missing() is None:
+        assert "to c1/exports/t.gguf" in client.predict("c1", "gguf", "float32", "t", "", False, "f32",
+                                                        api_name="/export")
+        done = wait_for(lambda: (s := exports.state(runs, "c1"))["state"] in ("done", "failed") and s, "the GGUF")
+        assert done["state"] == "done", done
+        assert (runs / "c1" / "exports" / "t.gguf").read_bytes()[:4] == b"GGUF"

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("gradio", reason="the UI needs the ui extra: pip install -e '.[ui]'")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed: pip install -e '.[dev]'")
 
-from ui_helpers import QUICK, UIServer, kill_runs, wait_for  # noqa: E402
+from ui_helpers import QUICK, UIServer, choose, kill_runs, launch, screenshot, wait_for  # noqa: E402
 
 from tinyrl.apps import charts  # noqa: E402
 from tinyrl.runs import read_jsonl  # noqa: E402
@@ -61,7 +61,7 @@ def _panels(page, prefix: str) -> list[dict]:
 
 def _expected_series(rows: list[dict], title: str) -> set[str]:
     """The series a panel must name for a run's metric rows: each metric measured, noisy ones also smoothed."""
-    keys = charts.keys_of(charts.PANELS[title], rows)
+    keys = charts.shown_keys(title, rows)
     measured = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
     return {k for k in measured} | {k + charts.SMOOTHED for k in measured if k in charts.NOISY}
 
@@ -116,31 +116,6 @@ def _title(box_id: str, prefix: str) -> str:
         c if c.isalnum() else "-" for c in t.lower()).strip("-"))
 
 
-def _choose(page, elem_id: str, option: str) -> None:
-    """Pick `option` in a gradio dropdown the way a user does: open it, click the entry."""
-    page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=option, exact=True).click()
-
-
-def _launch(page, name: str, steps: int, overrides: str) -> None:
-    page.get_by_role("tab", name="Launch").click()
-    page.locator("#f-steps input").fill(str(steps))
-    page.locator("#run-name input, #run-name textarea").first.fill(name)
-    page.locator("#overrides textarea").fill(overrides)
-    page.locator("#validation").get_by_text(f"valid: {steps} steps").wait_for(timeout=60_000)
-    page.locator("#start-btn").click()
-    page.locator("#start-msg").get_by_text(f"started {name}").wait_for(state="attached", timeout=60_000)
-
-
-def _shot(page, tmp_path, name: str, env: str):
-    shot = tmp_path / name
-    page.mouse.move(1, 1)  # no button left under the pointer (hover colours)
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.stat().st_size > 10_000
-    if os.environ.get(env):
-        shutil.copy(shot, os.environ[env])
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (run scripts/install_browser.sh)")
 def test_browser_watches_live_curves_and_the_runs_state(tmp_path):
@@ -153,8 +128,8 @@ def test_browser_watches_live_curves_and_the_runs_state(tmp_path):
             page.goto(server.url)
             page.get_by_text("Runs in runs.").wait_for(timeout=60_000)  # as typed: no machine path
             # a short run to its end (held-out accuracy before/after), then a long one that the monitor warns about
-            _launch(page, "b1", 12, "log.progress=false")
-            _launch(page, "b2", 400, QUICK + " rollout.max_new_tokens=3")
+            launch(page, "b1", 12, "log.progress=false")
+            launch(page, "b2", 400, QUICK + " rollout.max_new_tokens=3")
             page.locator("#run-status").get_by_text(re.compile(r"b2: running, step ([3-9]|\d\d+)/")).wait_for(timeout=400_000)
 
             # live curves: every panel drawn, as many points as steps, numeric axes, each series named
@@ -184,7 +159,7 @@ def test_browser_watches_live_curves_and_the_runs_state(tmp_path):
             wait_for(lambda: page.locator("#stop-btn").is_disabled() and page.locator("#resume-btn").is_enabled()
                      and "SIGTERM" not in page.locator("#action-msg").inner_text(), "the controls of a stopped run", 30)
 
-            _choose(page, "run-select", "b1")
+            choose(page, "run-select", "b1")
             page.locator("#run-status").get_by_text("b1: finished, step 12/12").wait_for(timeout=400_000)
             wait_for(lambda: page.locator("#stop-btn").is_disabled() and page.locator("#eval-btn").is_enabled(),
                      "Stop grey and Evaluate on for a finished run", 30)
@@ -207,11 +182,11 @@ def test_browser_watches_live_curves_and_the_runs_state(tmp_path):
             _wait_drawn(page, "plot-", lambda p: _drawn(p, 12, _expected_series(rows, _title(p["id"], "plot-"))),
                         "b1's curves drawn")
             page.wait_for_timeout(2500)  # one more timer tick: the screenshot shows settled plots
-            _shot(page, tmp_path, "ui_runs.png", "TINYRL_UI_SCREENSHOT")
+            screenshot(page, tmp_path, "ui_runs.png", "TINYRL_UI_SCREENSHOT")
 
             page.get_by_role("tab", name="Compare").click()
-            _choose(page, "compare-select", "b1")
-            _choose(page, "compare-select", "b2")
+            choose(page, "compare-select", "b1")
+            choose(page, "compare-select", "b2")
             page.locator("#compare-plots").click(position={"x": 2, "y": 2})  # leave the dropdown
             both = {**{k: read_jsonl(runs / k / "metrics.jsonl") for k in ("b1", "b2")}}
 
@@ -225,7 +200,7 @@ def test_browser_watches_live_curves_and_the_runs_state(tmp_path):
 
             _wait_drawn(page, "cmp-", compared, "both runs drawn on every Compare panel")
             page.wait_for_timeout(2500)
-            _shot(page, tmp_path, "ui_compare.png", "TINYRL_UI_COMPARE_SCREENSHOT")
+            screenshot(page, tmp_path, "ui_compare.png", "TINYRL_UI_COMPARE_SCREENSHOT")
             browser.close()
     finally:
         server.close()
@@ -269,23 +244,23 @@ def test_browser_shows_the_memory_verdict_and_it_follows_the_card(tmp_path):
                 assert "this machine's RAM" in text and VERDICT.search(text).groups() == ("FITS", "MiB")
             assert "largest that fit" in text
 
-            _choose(page, "preset", "qwen2.5-7b_grpo_math_gpu")
+            choose(page, "preset", "qwen2.5-7b_grpo_math_gpu")
             page.locator("#preset-header").get_by_text("qwen2.5-7b_grpo_math_gpu").wait_for(timeout=30_000)
             wait_for(lambda: "7B" in page.locator("#f-model textarea, #f-model input").first.input_value(), "the 7B preset's fields", 30)
-            _choose(page, "card", "4090, 23.99 GiB")
+            choose(page, "card", "4090, 23.99 GiB")
             small = _verdict(page, "--gpu 4090")
             assert VERDICT.search(small).groups() == ("DOES NOT FIT", "GiB") and "23.99 GiB" in small
-            _choose(page, "card", "H100, 79.65 GiB")
+            choose(page, "card", "H100, 79.65 GiB")
             big = _verdict(page, "--gpu H100")
             assert VERDICT.search(big).groups() == ("FITS", "GiB") and big != small
             page.locator("#memory-table-box").get_by_text("memory plan: every component").click()
             page.locator("#memory-table").get_by_text("total at peak").wait_for(timeout=30_000)
 
-            _choose(page, "profile", "24gb")  # a profile names its card (24gb: L4) and the plan follows
+            choose(page, "profile", "24gb")  # a profile names its card (24gb: L4) and the plan follows
             assert wait_for(lambda: card.input_value().startswith("L4"), "the card to follow the profile", 30)
             _verdict(page, "--gpu L4")
 
-            _choose(page, "card", "4090, 23.99 GiB")
+            choose(page, "card", "4090, 23.99 GiB")
             page.locator("#preset-header").click()  # leave the dropdown, as a user moves on
             _verdict(page, "--gpu 4090")
             shot = tmp_path / "ui_plan.png"

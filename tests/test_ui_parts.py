@@ -13,14 +13,15 @@ import time
 
 import pytest
 
-from tinyrl.apps import charts, forms, paths, procs, runs_view, server
+from tinyrl.apps import adapters, charts, data_form, evals, exports, forms, paths, procs, runs_table, runs_view, server
 from tinyrl.apps import status as st
 from tinyrl.config import ConfigError
+from tinyrl.plan_report import run as tinyrl_plan
 from tinyrl.planner import GPUS
-from tinyrl.planner.report import run as tinyrl_plan
 
 
-@pytest.mark.parametrize("module", [paths, forms, runs_view, server, charts, st], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [paths, forms, runs_view, runs_table, server, charts, st, adapters, evals, exports,
+                                    data_form], ids=lambda m: m.__name__)
 def test_doctests_of_the_ui_modules(module):
     # apps/ is mapped to tinyrl.apps, so pytest's own --doctest-modules (testpaths) does not see it
     failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
@@ -249,12 +250,12 @@ def test_runs_list_ordered_by_a_start_time_that_a_resume_does_not_move(tmp_path)
     with open(old / "train.log", "a") as f:
         f.write("=== tinyrl ui: resume at 2026-03-04 05:06:07\n")
     assert runs_view.started(tmp_path, "old") == t0
-    assert runs_view.info(tmp_path, "old").started == "2026-01-02 03:04:05"
+    assert runs_table.info(tmp_path, "old").started == "2026-01-02 03:04:05"
     assert runs_view.run_names(tmp_path) == ["new", "old"]
     # a run started by `tinyrl train` (no UI log): its first resume dates it at the latest
     cli = _run(tmp_path, "cli")
     (cli / "resumes.jsonl").write_text(json.dumps({"time": "2026-02-03 04:05:06"}) + "\n")
-    assert runs_view.info(tmp_path, "cli").started == "2026-02-03 04:05:06"
+    assert runs_table.info(tmp_path, "cli").started == "2026-02-03 04:05:06"
 
 
 # --------------------------------------------------------------------------- the curves
@@ -352,37 +353,53 @@ def test_runs_table_figures(tmp_path):
     run = _run(tmp_path, "r", metrics=[{"step": s, "reward_mean": r, "step_time": 2.0 + (s == 3) * 100}
                                        for s, r in ((1, 0.25), (2, 0.75), (3, 0.5))],
                summary={"interrupted": False, "error": None, "eval_before": 0.435, "eval_after": 0.7})
-    row = dict(zip(runs_view.TABLE_HEADERS, runs_view.info(tmp_path, "r").row()))
+    row = dict(zip(runs_table.TABLE_HEADERS, runs_table.info(tmp_path, "r").row()))
     assert row["step"] == "3/4" and row["reward"] == "0.500" and row["best reward"] == "0.750 (step 2)"
     assert row["s/step"] == "2.00"  # the median: one slow step does not swing it
     assert row["ETA"] == "" and row["held-out"] == "43.5% → 70.0%"  # finished: no ETA
     procs.write_pidfile(run / "train.pid", os.getpid(), ["x"], "train")  # alive again (a resume): 1 step left
     (run / "summary.json").unlink()
-    row = dict(zip(runs_view.TABLE_HEADERS, runs_view.info(tmp_path, "r").row()))
+    row = dict(zip(runs_table.TABLE_HEADERS, runs_table.info(tmp_path, "r").row()))
     assert row["status"] == "running" and row["ETA"] == "2s" and row["held-out"] == ""
     assert [st.duration(s) for s in (0.4, 59, 61, 3600 * 2 + 65)] == ["0s", "59s", "1m 01s", "2h 01m"]
 
 
-def _eval_log(run, *lines):
-    (run / "eval.log").write_text("=== tinyrl ui: eval adapter at 2026-12-06 07:15:00\n$ python -m tinyrl.cli eval\n"
-                                  + "".join(line + "\n" for line in lines))
+def _adapter(run, where="adapter"):
+    """A (fake) adapter folder: what adapters.py and evals.py look at."""
+    d = run / where
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "adapter_config.json").write_text("{}")
+    (d / "adapter_model.safetensors").write_bytes(b"w" * 16)
+    return d
+
+
+def _eval_log(run, *lines, key="adapter", where="adapter"):
+    """An evaluation the UI started (its record, its log); returns the record."""
+    rec = evals.new_record(run, key, run / where, 0, [], None)
+    evals.log_path(run, rec).write_text("=== tinyrl ui: eval adapter at 2026-12-06 07:15:00\n$ python -m tinyrl.cli "
+                                        "eval\n" + "".join(line + "\n" for line in lines))
+    return rec
 
 
 def test_eval_status_reads_the_last_evaluation(tmp_path):
     run = _run(tmp_path, "r")
-    assert runs_view.eval_status(tmp_path, "r")["state"] == "none"
+    _adapter(run)
+    _adapter(run, "checkpoints/step-000002/adapter")
+    assert evals.status(tmp_path, "r")["state"] == "none"
     _eval_log(run, "INFO tinyrl: tool_error_rate 0", "held-out accuracy (greedy pass@1): 70.5%", "  prompts: 200")
-    ev = runs_view.eval_status(tmp_path, "r")
+    ev = evals.status(tmp_path, "r")
     assert (ev["state"], ev["accuracy"], ev["prompts"], ev["adapter"], ev["error"]) == ("done", 0.705, 200,
-                                                                                         "adapter", None)
+                                                                                         "final adapter", None)
     assert st.eval_line(ev).endswith("held-out accuracy (greedy pass@1): 70.5% on 200 prompts")
-    assert runs_view.info(tmp_path, "r").held_out == "70.5% (eval)"
-    with open(run / "eval.log", "a") as f:  # a second evaluation that failed: its error, not the old result
-        f.write("=== tinyrl ui: eval checkpoints/step-000002/adapter at 2026-12-06 08:00:00\n"
-                "tinyrl: error: model.name 'x': no config.json\n")
-    ev = runs_view.eval_status(tmp_path, "r")
-    assert ev["result"] is None and ev["adapter"] == "checkpoints/step-000002/adapter"
+    assert runs_table.info(tmp_path, "r").held_out == "70.5% (eval)"
+    time.sleep(1.01)  # a record per second (its id is the time)
+    # a second evaluation that failed: its error, not the old result
+    _eval_log(run, "tinyrl: error: model.name 'x': no config.json", key="step-000002",
+              where="checkpoints/step-000002/adapter")
+    ev = evals.status(tmp_path, "r")
+    assert ev["result"] is None and ev["adapter"] == "checkpoint step 2"
     assert "ended without a result: `tinyrl: error: model.name 'x'" in st.eval_line(ev)
+    assert runs_table.info(tmp_path, "r").held_out == "70.5% (eval)"  # the newest result that still holds
 
 
 # --------------------------------------------------------------------------- the handlers on live processes
@@ -421,17 +438,16 @@ def _view(app, out):
 def test_the_view_follows_the_processes_without_a_reload(app, tmp_path):
     app, children = app
     run = _run(tmp_path, "r", metrics=ROWS)
-    (run / "checkpoints" / "step-000002" / "adapter").mkdir(parents=True)
-    (run / "checkpoints" / "step-000002" / "adapter" / "adapter_config.json").write_text("{}")
+    _adapter(run, "checkpoints/step-000002/adapter")
     children.append(train := _sleeper())
     procs.write_pidfile(run / "train.pid", train.pid, ["x"], "train")
     from tinyrl.apps.handlers import N_VIEW
 
     chosen = app.selected("r", {})  # the dropdown: the same view, the action message cleared, the styles
-    assert len(chosen) == N_VIEW + 3 == len(app.selected("", {})) and chosen[N_VIEW] == ""
+    assert len(chosen) == N_VIEW + 6 == len(app.selected("", {})) and chosen[N_VIEW] == ""
     out = app.tick("r", [], {})
     seen, styles, v = out[-3], out[-2], _view(app, out)
-    assert chosen[-1] == styles
+    assert chosen[N_VIEW + 2] == styles
     assert "running, step 3/4" in v["status"] and v["action"] is not None
     assert (v["stop"].interactive, v["resume"].interactive, v["evaluate"].interactive) == (True, False, True)
     assert v["alarms_md"].startswith("**no alarms**: the monitor checked 3 steps") and v["alarms"].visible is False
@@ -458,11 +474,11 @@ def test_the_view_follows_the_processes_without_a_reload(app, tmp_path):
     # an evaluation runs, then exits: its result shows at the next tick, no reload
     children.append(ev := _sleeper())
     procs.write_pidfile(run / "eval.pid", ev.pid, ["x"], "eval")
-    _eval_log(run)
+    rec = _eval_log(run, key="step-000002", where="checkpoints/step-000002/adapter")
     out = app.tick("r", [], out[-3])
     v = _view(app, out)
     assert "running" in v["eval"] and v["evaluate"].interactive is False and v["resume"].interactive is False
-    with open(run / "eval.log", "a") as f:
+    with open(evals.log_path(run, rec), "a") as f:
         f.write("held-out accuracy (greedy pass@1): 68.0%\n  prompts: 200\n")
     ev.kill()
     ev.wait()
@@ -476,12 +492,12 @@ def test_an_unknown_preset_gets_an_error_not_a_silent_revert(app):
     app, _ = app
     import gradio as gr
 
-    header, *rest = app.preset_changed("no_such_preset")
+    header, *rest, pending = app.form.preset_changed("no_such_preset", None)
     assert "not a shipped preset" in header and all(r == gr.skip() for r in rest)  # the form stays
-    shown, command = app.validate("no_such_preset", "", *[None] * len(forms.KEYS), "", "")
+    shown, command = app.form.validate("no_such_preset", "", *[None] * len(forms.KEYS), "", "")
     assert "preset 'no_such_preset': not a shipped preset" in shown and command == ""
     with pytest.raises(gr.Error, match="not a shipped preset"):
-        app.start("no_such_preset", "", *[None] * len(forms.KEYS), "", "")
+        app.form.start("no_such_preset", "", *[None] * len(forms.KEYS), "", "")
 
 
 def test_the_page_shows_the_runs_dir_as_given_and_no_interpreter_path(tmp_path):
