@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tinyrl.config import with_fields as patched
+from tinyrl.errors import ConfigError
 from tinyrl.monitor import RULES, Alarm, Monitor, MonitorConfig, planned_action
 from tinyrl.runs import read_jsonl
 
@@ -325,6 +326,32 @@ def test_no_alarm_over_the_metric_traces_of_real_healthy_runs(preset, steps):
         assert mon.alarms == [], (path.name, mon.alarms)
 
 
+def replay(rows, cfg=None) -> list:
+    mon = Monitor(cfg) if cfg is not None else Monitor()
+    for r in rows:
+        mon.update(r["step"], r)
+    return mon.alarms
+
+
+def test_smollm2_learning_is_not_entropy_collapse_and_the_tiny_collapse_still_is():
+    """The one real pretrained model here (smollm2-135m_grpo_cpu, 40 steps, benchmarks/monitor_calibration.py):
+    its token entropy falls from ~1.1 to ~0.22 nats (21% of its early value) while reward climbs ~0.24 -> ~0.65.
+    The level test alone fired on it (step 19); the rule holds back while reward is clearly above its early
+    mean. The tiny model driven to collapse (tiny_entropy_collapse_cpu: entropy 0.36 -> 0.03, reward flat
+    around 0.45) still raises it, at step 21 as before."""
+    healthy_runs = sorted(TRACES.glob("smollm2-135m_grpo_cpu-s*.jsonl"))
+    assert healthy_runs
+    for path in healthy_runs:
+        rows = read_jsonl(path)
+        assert len(rows) == 40 and "entropy_adv_neg" in rows[0]
+        assert replay(rows) == [], (path.name, replay(rows))
+    level_only = MonitorConfig(entropy_learning_rise=1e9)  # the rule without its learning test
+    assert "entropy_collapse" in {a["name"] for a in replay(read_jsonl(healthy_runs[0]), level_only)}
+    collapse = read_jsonl(TRACES / "broken" / "tiny_entropy_collapse_cpu-s0.jsonl")
+    fired = [a for a in replay(collapse) if a["name"] == "entropy_collapse"]
+    assert fired[0]["step"] == 21 and "wrong samples" in fired[0]["evidence"]  # (again at 72: after the cool-down)
+
+
 def test_stale_weights_is_fatal_unless_switched_off():
     rows = patch(healthy(), "rollout_trainer_k3", _set(0.03), 2)
     (alarm,) = feed(rows)
@@ -620,9 +647,14 @@ def test_report_verdicts(tmp_path):
     rows = patch(healthy(), "rollout_trainer_k3", _set(0.03), 2)[:2]
     write_run(tmp_path / "stale", rows, [dataclasses.asdict(feed(rows)[0])])
     assert "verdict: STOPPED - stale_weights at step 2" in write_report(tmp_path / "stale")
-    (tmp_path / "empty").mkdir()
-    assert "verdict: NO DATA" in write_report(tmp_path / "empty")
-    assert not (tmp_path / "empty" / "metrics.png").exists()
+    (tmp_path / "started").mkdir()  # a run that has written its config and no step yet
+    (tmp_path / "started" / "config.yaml").write_text("train: {steps: 10}\n")
+    assert "verdict: NO DATA" in write_report(tmp_path / "started")
+    assert not (tmp_path / "started" / "metrics.png").exists()
+    (tmp_path / "empty").mkdir()  # not a run folder at all: an error, and nothing written into it
+    with pytest.raises(ConfigError, match="not a tinyrl run folder"):
+        write_report(tmp_path / "empty")
+    assert not any((tmp_path / "empty").iterdir())
 
 
 def test_report_judges_progress_on_held_out_accuracy_when_it_was_measured(tmp_path):

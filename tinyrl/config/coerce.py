@@ -126,6 +126,11 @@ DEFAULT_LIMITS = {int: (-(10**9), 10**9), float: (-1e12, 1e12)}
 MAX_STR, MAX_LIST = 100_000, 10_000
 
 
+def _num(x) -> str:
+    """A bound or value as a user wrote it: whole numbers in full, floats short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _check_limits(cls: type, obj: Any, path: str) -> None:
     limits = getattr(cls, "LIMITS", {})
     for f in dataclasses.fields(cls):
@@ -133,7 +138,7 @@ def _check_limits(cls: type, obj: Any, path: str) -> None:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             lo, hi = limits.get(f.name, DEFAULT_LIMITS[float if isinstance(v, float) else int])
             check(isinstance(v, int) or math.isfinite(v), where, f"must be a finite number, got {v}")
-            check(lo <= v <= hi, where, f"must be in [{lo:g}, {hi:g}], got {v:g}")
+            check(lo <= v <= hi, where, f"must be in [{_num(lo)}, {_num(hi)}], got {_num(v)}")
         elif f.name in limits and v is not None and not isinstance(v, (int, float)):
             raise TypeError(f"{cls.__name__}.LIMITS names {f.name!r}, which is not a number")
 

@@ -312,6 +312,10 @@ class TrainConfig:
     # Ctrl-C / SIGTERM inside a step lets the step finish, for at most this long; then the step is abandoned
     # (the last checkpoint is kept) and the process stops
     stop_timeout_s: float = 300.0
+    # true: the run repeats exactly on a CPU (same seed, same metrics.jsonl): one intra-op thread and torch's
+    # deterministic algorithms (multi-threaded reductions add in an order that varies run to run); it costs
+    # the other cores (docs/reproducibility in README: the measured cost)
+    deterministic: bool = False
 
     def validate(self, p: str) -> None:
         check(self.steps >= 0, f"{p}.steps", f"must be >= 0, got {self.steps}")

@@ -130,9 +130,18 @@ def error_text(e: BaseException) -> str:
 # --------------------------------------------------------------------------- the run assembly
 
 
+def make_deterministic() -> None:
+    """train.deterministic: one intra-op thread (a multi-threaded CPU reduction adds its partial sums in an order
+    that depends on scheduling, so two runs drift apart after some steps) and torch's deterministic kernels."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def load_model(cfg, dist: Dist, adapter: str | None = None):
     """(peft model, tokenizer): the base with LoRA, from `adapter` (else model.adapter, else a fresh one seeded
     by train.seed), on this process's device (4-bit weights are placed at load), the same adapter on every rank."""
+    if cfg.train.deterministic:
+        make_deterministic()
     torch.manual_seed(cfg.train.seed)  # the LoRA init
     model, tokenizer = load_policy(cfg.model, cfg.lora, adapter=adapter or cfg.model.adapter)
     if not getattr(model, "is_loaded_in_4bit", False):

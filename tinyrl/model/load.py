@@ -411,4 +411,5 @@ def check_adapter_folder(adapter: str) -> None:
             for name in f.keys():
                 f.get_slice(name)
     except (SafetensorError, OSError, ValueError) as e:
-        raise ModelLoadError(f"--adapter {adapter}: adapter_model.safetensors is corrupt or truncated ({e})") from e
+        raise ModelLoadError(f"--adapter {adapter}: the adapter is corrupt (adapter_model.safetensors is truncated or "
+                             f"not safetensors: {e})") from e
