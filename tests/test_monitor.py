@@ -267,9 +267,12 @@ def test_a_rule_fires_again_after_its_cooldown_and_waits_its_duration():
     assert steps_of(feed(rows, MonitorConfig(truncation_cooldown=10)), "truncation") == [12, 23, 34]
     assert steps_of(feed(rows, MonitorConfig(truncation_cooldown=0)), "truncation") == list(range(12, 41))
     assert steps_of(feed(rows, MonitorConfig(truncation_steps=5)), "truncation") == [15]
-    # a streak that breaks starts again: entropy low at step 12, back at 13-19, low again from 20
+    # a streak that breaks starts again: entropy low at step 12, back at 13-19, low again from 20 (by step 20
+    # the synthetic run's reward has risen 0.2, which the rule reads as learning: that test is off here)
     dips = patch(patch(healthy(), "entropy", _set(0.3), 12, 13), "entropy", _set(0.3), 20)
-    assert steps_of(feed(dips, MonitorConfig(entropy_collapse_steps=3)), "entropy_collapse") == [22]
+    no_learning_test = {"entropy_learning_rise": 1.0}
+    assert steps_of(feed(dips, MonitorConfig(entropy_collapse_steps=3, **no_learning_test)), "entropy_collapse") == [22]
+    assert steps_of(feed(dips, MonitorConfig(entropy_collapse_steps=3)), "entropy_collapse") == []
 
 
 def test_every_skipped_step_is_reported_while_an_alarm_keeps_its_cooldown():
@@ -284,7 +287,7 @@ def test_every_skipped_step_is_reported_while_an_alarm_keeps_its_cooldown():
 
 def test_warnings_are_reported_with_their_severity_and_are_not_alarms():
     rows = patch(patch(healthy(), "truncated_frac", _set(0.2), 10), "entropy", _set(0.3), 20)
-    mon = Monitor()
+    mon = Monitor(MonitorConfig(entropy_learning_rise=1.0))  # (the reward's rise by step 20 would hold it back)
     raised = [a for r in rows for a in mon.update(r["step"], r)]
     assert {(a.name, a.severity) for a in raised} == {("truncation", "warning"), ("entropy_collapse", "alarm")}
     assert [a["name"] for a in mon.alarms] == ["entropy_collapse"]
@@ -335,18 +338,18 @@ def replay(rows, cfg=None) -> list:
 
 def test_smollm2_learning_is_not_entropy_collapse_and_the_tiny_collapse_still_is():
     """The one real pretrained model here (smollm2-135m_grpo_cpu, 40 steps, benchmarks/monitor_calibration.py):
-    its token entropy falls from ~1.1 to ~0.22 nats (21% of its early value) while reward climbs ~0.24 -> ~0.65.
-    The level test alone fired on it (step 19); the rule holds back while reward is clearly above its early
-    mean. The tiny model driven to collapse (tiny_entropy_collapse_cpu: entropy 0.36 -> 0.03, reward flat
+    its token entropy falls from ~1.1 to 0.13-0.22 nats (12-21% of its early value) while reward climbs ~0.25 ->
+    0.7-0.8. The level test alone fires on it (steps 32 and 29 for seeds 0 and 1); the rule holds back while
+    reward is clearly above its early mean. The tiny model driven to collapse (tiny_entropy_collapse_cpu: entropy 0.36 -> 0.03, reward flat
     around 0.45) still raises it, at step 21 as before."""
     healthy_runs = sorted(TRACES.glob("smollm2-135m_grpo_cpu-s*.jsonl"))
     assert healthy_runs
+    level_only = MonitorConfig(entropy_learning_rise=1e9)  # the rule without its learning test
     for path in healthy_runs:
         rows = read_jsonl(path)
         assert len(rows) == 40 and "entropy_adv_neg" in rows[0]
         assert replay(rows) == [], (path.name, replay(rows))
-    level_only = MonitorConfig(entropy_learning_rise=1e9)  # the rule without its learning test
-    assert "entropy_collapse" in {a["name"] for a in replay(read_jsonl(healthy_runs[0]), level_only)}
+        assert "entropy_collapse" in {a["name"] for a in replay(rows, level_only)}, path.name
     collapse = read_jsonl(TRACES / "broken" / "tiny_entropy_collapse_cpu-s0.jsonl")
     fired = [a for a in replay(collapse) if a["name"] == "entropy_collapse"]
     assert fired[0]["step"] == 21 and "wrong samples" in fired[0]["evidence"]  # (again at 72: after the cool-down)

@@ -105,3 +105,33 @@ def test_one_step_off_keeps_the_rollout_oom_cap(tiny_model_dir, run_root):
         assert [m["oom_retries_total"] for m in rows] == [1, 1, 1]
     finally:
         t.run.unlock()
+
+
+def test_clip_higher_reaches_the_update_before_and_after_a_resume(tiny_model_dir, run_root, monkeypatch):
+    """The entropy-collapse action (monitor.auto_clip_higher): the raised epsilon_high is what the next updates
+    clip with, and it comes back with the checkpoint."""
+    clips: list[float] = []
+    real_update = trainer_module.policy_update
+
+    def update(model, optimizer, batch, algo, **kw):
+        clips.append(algo.epsilon_high)
+        return real_update(model, optimizer, batch, algo, **kw)
+
+    monkeypatch.setattr(trainer_module, "policy_update", update)
+    t = build_trainer(overrides=small(tiny_model_dir, run_root, "clip", **{"monitor.auto_clip_higher": True,
+                                                                           "monitor.auto_epsilon_high": 0.28}))
+    base = t.base_cfg.algo.epsilon_high
+    try:
+        t.train_step()
+        alarm = Alarm("entropy_collapse", t.state.step, "forced by the test", "", action_key="raise_epsilon_high")
+        assert "-> 0.28" in t.take(planned_action(t.monitor, alarm, t.cfg))
+        t.train_step()
+        t.save_checkpoint()
+    finally:
+        t.run.unlock()
+    resumed = build_trainer(resume=t.run.path)
+    try:
+        resumed.train_step()
+    finally:
+        resumed.run.unlock()
+    assert base < 0.28 and clips == [base, 0.28, 0.28]

@@ -13,7 +13,7 @@ inputs are absent is silent, so the agent rules never fire on a single-turn run.
 
     rule                 severity  fires when
     entropy_collapse     alarm     entropy < 30% of its early value and < 0.5 nats, reward neither high
-                                   nor 0.2 above its early-run mean (that is learning)
+                                   nor 0.15 above its early-run mean (that is learning)
     advantage_collapse   alarm     > 90% of groups have identical rewards (window mean), reward not high
     echo_trap            alarm     within-group reward std falls > 50% below its recent median
                                    (from >= 0.1) and entropy > 20%, while the reward holds (neither
@@ -125,10 +125,11 @@ def entropy_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     what it gets right. So the alarm holds back while reward (mean of the last `window` steps) is at
     least `entropy_learning_rise` x reward_max above its early-run mean; once the gain is gone the
     level test decides again. On the traces this was set from (benchmarks/README.md): healthy
-    SmolLM2-135M GRPO falls from ~1.1 to ~0.25 nats per token (22% of its early value) while its
-    reward climbs 0.24 -> 0.6-0.7, a rise of 0.21-0.44 on every step where the level test holds; the
-    tiny model driven to collapse (tiny_entropy_collapse_cpu) rises at most 0.11 by chance. A bare
-    "reward rises" test would not do: that chance rise is above the 0.05 that `reward_rise` uses.
+    SmolLM2-135M GRPO (seeds 0, 1) falls from ~1.1 to 0.13-0.25 nats per token (12-30% of its early
+    value) while its reward climbs ~0.25 -> 0.7-0.8, a rise of 0.18-0.57 on every step where the
+    level test holds; the tiny model driven to collapse (tiny_entropy_collapse_cpu) rises at most
+    0.11 by chance. The threshold, 0.15, sits between the two. A bare "reward rises" test would not
+    do: that chance rise is above the 0.05 that `reward_rise` uses.
     Nor did the certainty split (entropy of the worse- vs better-than-group samples, shown in the
     evidence): healthy SmolLM2 sits at 1.2-2.6x, the collapse at 1.2-1.4x, too close at 4 prompts a
     step to tell apart."""

@@ -313,8 +313,8 @@ class TrainConfig:
     # (the last checkpoint is kept) and the process stops
     stop_timeout_s: float = 300.0
     # true: the run repeats exactly on a CPU (same seed, same metrics.jsonl): one intra-op thread and torch's
-    # deterministic algorithms (multi-threaded reductions add in an order that varies run to run); it costs
-    # the other cores (docs/reproducibility in README: the measured cost)
+    # deterministic algorithms (multi-threaded reductions add in an order that varies run to run); it gives up
+    # the other cores (README, "Runs that repeat": what it cost)
     deterministic: bool = False
 
     def validate(self, p: str) -> None:
