@@ -76,8 +76,8 @@ def run_smoke(name: str, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def smokes(request, tmp_path_factory):
     """The selected scripts' smoke runs, started together (JOBS at a time) on first use: {script: Future}."""
-    wanted = {item.callspec.params["script"] for item in request.session.items
-              if item.originalname == "test_benchmark_smoke" and Path(item.fspath) == Path(__file__)}
+    wanted = {item.callspec.params["script"] for item in request.session.items  # (doctest items have no originalname)
+              if getattr(item, "originalname", None) == "test_benchmark_smoke" and Path(item.fspath) == Path(__file__)}
     wanted -= {s for s in wanted if s in NEEDS and not NEEDS[s][0]()}
     out = tmp_path_factory.mktemp("benchmark-smoke")
     with ThreadPoolExecutor(JOBS) as pool:
