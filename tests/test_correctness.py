@@ -44,7 +44,8 @@ def test_resolved_algo_block_is_logged_and_saved(run_root, caplog):
 
     caplog.set_level("INFO", logger="tinyrl")
     t = build_trainer(overrides={"algo.recipe": "rloo", "log.run_dir": run_root, "log.progress": False,
-                                 "data.num_train": 16, "data.num_eval": 0})
+                                 "data.num_train": 16, "data.num_eval": 0,
+                                 "train.eval_before_after": False})
     saved = yaml.safe_load((t.run.path / "config.yaml").read_text())["algo"]
     assert saved["recipe"] == "rloo" and saved["estimator"] == "rloo" and saved["scale"] == "none"
     assert any(r.message.startswith("algo: ") and "'estimator': 'rloo'" in r.message for r in caplog.records)
