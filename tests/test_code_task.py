@@ -156,9 +156,8 @@ def test_the_shipped_code_world_is_the_default_and_plain_opens_the_fence():
 
 def test_bad_task_args_name_the_field_and_the_choices(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", MBPP)
-    cfg = load_config(None, {"data.task": "code", "data.task_args": {"path": str(tmp_path), "template": "chat"}})[1]
     with pytest.raises(ConfigError, match=r"data.task_args.template: must be one of \['default', 'plain'\]"):
-        load_rows(cfg.data)
+        load_config(None, {"data.task": "code", "data.task_args": {"path": str(tmp_path), "template": "chat"}})
     for args, says in [({"reward": "half"}, r"data.task_args.reward: must be one of \['fraction', 'all_pass'\]"),
                        ({"eval_fraction": 1.5}, r"data.task_args.eval_fraction: must be in \[0, 1\)"),
                        ({"prompt": "{question}"}, r"data.task_args.prompt: unknown field 'question'"),

@@ -175,7 +175,7 @@ def test_rows_from_a_run_folder_keep_the_rewarded_samples(tmp_path):
     assert len(sft_data.sft_rows(cfg)) == 1
     with pytest.raises(ConfigError, match="sft.min_reward: is required when sft.data is a run folder"):
         load_config("tiny_sft_cpu", {"sft.data": str(run)})
-    with pytest.raises(ConfigError, match="sft.data: not found"):
+    with pytest.raises(ConfigError, match="sft.data: file or folder not found"):
         load_config("tiny_sft_cpu", {"sft.data": str(tmp_path / "nope.jsonl")})
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")

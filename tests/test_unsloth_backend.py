@@ -41,7 +41,7 @@ def test_cli_reports_it_as_one_line_not_a_traceback(run_root):
     out = subprocess.run([sys.executable, "-m", "tinyrl.cli", "train", "model.backend=unsloth",
                           f"log.run_dir={run_root}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
-    assert "tinyrl: error: model.backend 'unsloth' needs" in out.stderr and "Traceback" not in out.stderr
+    assert "tinyrl: error: model.backend: this run needs unsloth, which is not installed" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_target_modules_in_unsloths_form():
