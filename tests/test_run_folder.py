@@ -343,9 +343,9 @@ def test_kill_9_aimed_at_the_checkpoint_replacement_window_always_leaves_a_resum
 
 @pytest.mark.slow
 def test_two_writers_of_one_folder_the_second_is_refused_and_nothing_is_lost(run_copy):
-    # the first holds the folder for 38 more steps: long enough for the second to start up (imports, config, ~10 s
-    # on a busy machine) and meet it; with 6 more steps the first had finished by then and the second just resumed
-    first = cli(["--resume", str(run_copy), "train.steps=40"])
+    # the first is stopped (SIGSTOP) once it holds the folder, so it still holds it however long the second
+    # takes to start up; timing alone raced on a busy machine (the first finished and the second resumed)
+    first = cli(["--resume", str(run_copy), "train.steps=8"])
     lock = run_copy / LOCK_FILE
     deadline = time.time() + 240
     while time.time() < deadline and first.poll() is None:
@@ -354,13 +354,18 @@ def test_two_writers_of_one_folder_the_second_is_refused_and_nothing_is_lost(run
                 break
         except (ValueError, OSError):  # not there yet, or being written
             pass
-        time.sleep(0.05)
-    second = cli(["--resume", str(run_copy), "train.steps=40"])
-    assert second.wait(timeout=120) == 2
+        time.sleep(0.02)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the first writer ended before it was seen holding the folder"
+        second = cli(["--resume", str(run_copy), "train.steps=8"])
+        assert second.wait(timeout=120) == 2
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     err = second.stderr.read()
     assert f"is in use by pid {first.pid}" in err and "Traceback" not in err
     assert first.wait(timeout=600) == 0, first.stderr.read()
-    assert [m["step"] for m in read_jsonl(run_copy / "metrics.jsonl")] == list(range(1, 41))
+    assert [m["step"] for m in read_jsonl(run_copy / "metrics.jsonl")] == list(range(1, 9))
 
 
 @pytest.mark.slow
