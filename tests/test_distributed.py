@@ -84,6 +84,9 @@ def test_launch_command_asks_for_real_processes_on_a_cpu():
     cmd = launch_command(2, "ddp", ["train", "tiny_grpo_cpu"], cpu=True)
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd and "--cpu" not in cmd
     assert cmd[cmd.index("--num_processes") + 1] == "2" and cmd[-4:] == ["-m", "tinyrl", "train", "tiny_grpo_cpu"]
+    # a port of its own, so two multi-process runs on one machine do not meet on accelerate's default 29500
+    ports = {int(launch_command(2, "ddp", [], cpu=True)[cmd.index("--main_process_port") + 1]) for _ in range(3)}
+    assert all(0 < p < 65536 for p in ports) and 29500 not in ports
     for name in ("ddp", "zero3", "fsdp2"):
         cfg = cmd_config = launch_command(8, name, [], cpu=False)
         assert "--multi_gpu" not in cfg and Path(cmd_config[cmd_config.index("--config_file") + 1]).is_file()

@@ -44,7 +44,10 @@ FACTORS: dict[str, list] = {
     "async": ["off", "streaming", "partial", "one_step_off"],
     "agent": [False, True],
     "dynamic_sampling": [False, True],
-    "recipe": ["grpo", "dr_grpo", "dapo", "gspo", "rloo"],
+    # the recipes that read the batch differently: token ratios (grpo), sequence ratios (gspo), leave-one-out
+    # advantages without a std (rloo); dr_grpo and dapo change only the loss's aggregation and clip bounds of
+    # grpo's path (tests/algo/test_recipes.py), so they add no pair that can break here (and 8 rows of CI time)
+    "recipe": ["grpo", "gspo", "rloo"],
     "action": [False, True],  # the monitor's dynamic-sampling action, taken at step 1
     "oom": ["none", "rollout", "update"],  # an out-of-memory error injected there whenever a pass is too big
     "quantization": ["none", "4bit", "int8"],
@@ -118,7 +121,7 @@ def refused_pairs(names: list[str]) -> dict:
     return out
 
 
-def plan(candidates: int = 16, seed: int = 0) -> tuple[list[dict], dict, list]:
+def plan(candidates: int = 16, seed: int = 2) -> tuple[list[dict], dict, list]:
     """(rows covering every pair that can run, refused pairs -> their ConfigError, pairs left uncovered)."""
     names = list(FACTORS)
     combos = list(itertools.combinations(names, 2))
@@ -317,7 +320,7 @@ def test_every_refused_pair_names_its_field_and_every_other_pair_is_covered():
     # what is refused, and why: the config's combination rules, each pair once
     assert {frozenset(dict(p).items()) for p in refused} == {
         frozenset({("async", "streaming"), ("agent", False)}), frozenset({("method", "sft+grpo"), ("nproc", 2)})}
-    assert len(rows) <= 40  # the CI budget
+    assert len(rows) <= 15  # the CI budget (seed 2 of the greedy cover: 15 rows; seeds 0-5 give 15-17)
 
 
 @pytest.mark.slow

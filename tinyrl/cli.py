@@ -84,9 +84,6 @@ def _overrides(texts: list[str]) -> dict:
 
 
 def cmd_train(ns) -> int:
-    from tinyrl import distributed  # the training stack (torch): loaded when a run starts
-    from tinyrl.methods.runner import run_method
-
     preset, overrides = _split(ns.args)
     if getattr(ns, "nproc", None) is not None:  # `tinyrl sft` has no --nproc
         overrides.append(f"dist.nproc={ns.nproc}")
@@ -95,6 +92,11 @@ def cmd_train(ns) -> int:
 
         ns.resume = resume_source(ns.resume, _overrides(overrides))  # a new local run folder
     resolved = resolve(preset, ns.profile, _overrides(overrides), ns.resume)  # once, for the whole command
+    # the training stack (torch, transformers, peft): loaded once the config resolved, so a bad field is said in
+    # a second, not after the ~10 s these imports take
+    from tinyrl import distributed
+    from tinyrl.methods.runner import run_method
+
     if resolved.cfg.dist.nproc > 1 and distributed.launched_world() <= 1:
         return _relaunch(ns, preset, overrides, resolved)
     try:
@@ -200,13 +202,13 @@ def cmd_report(ns) -> int:
 
 
 def cmd_export(ns) -> int:
-    from tinyrl.api import export  # the training stack: loaded when an export starts
-
     if not ns.merged and not ns.push and not ns.gguf:
         raise ConfigError("export: give --merged OUT (a new folder for the merged model) and/or --push REPO_ID "
                           "and/or --gguf OUT.gguf")
     if ns.private and not ns.push:
         raise ConfigError("--private: applies to --push REPO_ID; give --push too")
+    from tinyrl.api import export  # the training stack: loaded when an export starts (after the checks above)
+
     done = export(ns.run_dir, merged=ns.merged, push=ns.push, private=ns.private, dtype=ns.dtype,
                   gguf=ns.gguf, gguf_type=ns.gguf_type)
     if done.merged is not None:

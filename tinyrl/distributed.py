@@ -90,6 +90,18 @@ def accelerate_config_path(name: str) -> str:
     return str(resources.files("tinyrl.assets") / "accelerate" / f"{name}.yaml")
 
 
+def rendezvous_port() -> int:
+    """The port the launched processes meet on: MASTER_PORT when set, else one free now. (accelerate's default,
+    29500, made a second multi-process run on the same machine fail with "address already in use".)"""
+    if os.environ.get("MASTER_PORT", "").isdigit():
+        return int(os.environ["MASTER_PORT"])
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch_command(nproc: int, config_name: str, tinyrl_args: list[str], cpu: bool | None = None) -> list[str]:
     """The `accelerate launch` command that runs `tinyrl <tinyrl_args>` in `nproc` processes.
 
@@ -98,7 +110,7 @@ def launch_command(nproc: int, config_name: str, tinyrl_args: list[str], cpu: bo
     trainer then builds its state with `cpu=True`."""
     cpu = (not torch.cuda.is_available()) if cpu is None else cpu
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config_path(config_name),
-           "--num_processes", str(nproc), "--num_machines", "1"]
+           "--num_processes", str(nproc), "--num_machines", "1", "--main_process_port", str(rendezvous_port())]
     if cpu:
         cmd += ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
     return cmd + ["-m", "tinyrl", *tinyrl_args]

@@ -16,7 +16,7 @@ is renamed, laid out and cast the way llama.cpp's own converter (convert_hf_to_g
 The hyper-parameters go in under the gguf keys the converter writes, and the tokenizer (vocabulary,
 merges, special tokens, chat template) through `tinyrl.gguf_vocab`. The file is written beside OUT under
 a temporary name and linked in only when complete, never over an existing file. The tests compare the
-result with the merged model in transformers (logits), with llama.cpp's own output (llama-cpp-python)
+result with the merged model in transformers (logits), with llama.cpp's own output (its server engine, the xllamacpp wheel)
 and with convert_hf_to_gguf.py's tensors (tests/test_gguf_export.py, tests/test_gguf_llama_cpp.py).
 
 Memory: the float32 merge holds 4 bytes per parameter, and the converted tensors one more copy at the
