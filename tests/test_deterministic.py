@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = 40  # past the step (~32) where the two-thread runs were seen to part
+STEPS = 16  # past step 13, where two default (two-thread) runs were seen to part (README.md, "Runs that repeat")
 
 
 def timeless(path: Path) -> list[dict]:
