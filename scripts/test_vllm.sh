@@ -25,4 +25,10 @@ if ! bash "$REPO/scripts/vllm_test_env.sh" "$VENV" >"$log" 2>&1; then
     exit 0
 fi
 tail -2 "$log"
-cd "$REPO" && VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py tests/rollout/test_vllm_int8.py tests/rollout/test_vllm_session.py tests/rollout/test_vllm_async.py tests/rollout/test_vllm_server.py
+# test_vllm_server.py in a process of its own: it builds a colocated vLLM engine after the other files' engines, and
+# in one process that engine's LoRA setup found vLLM's (process-global) tensor-parallel group gone ("tensor model
+# parallel group is not initialized"; it passes alone). Which earlier file leaves that state is not pinned down yet.
+cd "$REPO" && export VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    && "$VENV/bin/python" -m pytest -q tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_export.py \
+        tests/rollout/test_vllm_int8.py tests/rollout/test_vllm_session.py tests/rollout/test_vllm_async.py \
+    && "$VENV/bin/python" -m pytest -q tests/rollout/test_vllm_server.py
