@@ -111,10 +111,12 @@ def compare(ref_logits, other_logits) -> dict:
 
 
 def merge_stats(stats: list[dict]) -> dict:
+    """Per-sequence results of compare() or compare_logprobs() as one: max_* / min_* keys by their extreme,
+    reported_per_step by its least, agree and total summed, clear choices agreeing everywhere."""
+    out = {k: (max if k.startswith("max_") else min)(s[k] for s in stats)
+           for k in stats[0] if k.startswith(("max_", "min_")) or k == "reported_per_step"}
     agree, total = sum(s["agree"] for s in stats), sum(s["total"] for s in stats)
-    return {"max_logit_diff": max(s["max_logit_diff"] for s in stats),
-            "max_abs_logit": max(s["max_abs_logit"] for s in stats),
-            "agreement": agree / total, "agree": agree, "total": total,
+    return {**out, "agreement": agree / total, "agree": agree, "total": total,
             "clear_choices_agree": all(s["clear_choices_agree"] for s in stats)}
 
 
@@ -181,11 +183,3 @@ def compare_logprobs(ref_logits, other_logprobs) -> dict:
     return {"max_logprob_diff": diff, "min_logprob": float(a[seen].min()), "reported_per_step": int(seen.sum(-1).min()),
             "agree": int(same.sum()), "total": len(same), "clear_choices_agree": bool(same[lead > 2 * diff].all())}
 
-
-def merge_logprob_stats(stats: list[dict]) -> dict:
-    agree, total = sum(s["agree"] for s in stats), sum(s["total"] for s in stats)
-    return {"max_logprob_diff": max(s["max_logprob_diff"] for s in stats),
-            "min_logprob": min(s["min_logprob"] for s in stats),
-            "reported_per_step": min(s["reported_per_step"] for s in stats),
-            "agreement": agree / total, "agree": agree, "total": total,
-            "clear_choices_agree": all(s["clear_choices_agree"] for s in stats)}

@@ -40,7 +40,7 @@ from gguf_helpers import (  # noqa: E402
     compare_logprobs,
     greedy,
     hf_logits,
-    merge_logprob_stats,
+    merge_stats,
     merged,
     one_merge,
     random_model,
@@ -153,7 +153,7 @@ def check_in_llama_cpp(llm: LlamaCpp, model, tok, prompts, n: int, n_probs: int)
         walked, lp, answer = llm.greedy(ids, n, n_probs, vocab)
         same += until_eos(answer, len(ids), eos) == until_eos(want, len(ids), eos)
         stats.append(compare_logprobs(hf_logits(model, walked, len(ids) - 1)[:n], lp))
-    return {**merge_logprob_stats(stats), "greedy_equal": same == len(prompts),
+    return {**merge_stats(stats), "greedy_equal": same == len(prompts),
             "greedy_answers_equal": f"{same}/{len(prompts)}"}
 
 
