@@ -56,18 +56,18 @@ def free_port() -> int:
 
 
 def gguf_to_folder(preset: str, out: Path) -> str | None:
-    """A GGUF preset's model as a safetensors folder (the weights the trainer loads, dequantised); None: not GGUF."""
+    """A GGUF preset's model as a float32 safetensors folder (`_bench.save_float_copy`: tinyrl's own loader,
+    de-quantised, the copy vs_trl.py trains both sides on); None: the preset's model is not GGUF."""
     code = f"""
 import sys
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 from tinyrl.config import load_config
 from tinyrl.model import resolve_model
 _, cfg = load_config({preset!r})
-m = resolve_model(cfg.model.name, cfg.model.gguf_file)
-if not m.gguf_file:
+if not resolve_model(cfg.model.name, cfg.model.gguf_file).gguf_file:
     sys.exit(3)
-from transformers import AutoModelForCausalLM, AutoTokenizer
-AutoTokenizer.from_pretrained(m.path, gguf_file=m.gguf_file).save_pretrained({str(out)!r})
-AutoModelForCausalLM.from_pretrained(m.path, gguf_file=m.gguf_file).save_pretrained({str(out)!r})
+from _bench import save_float_copy
+save_float_copy(cfg.model.name, {str(out)!r})
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if p.returncode == 3:
