@@ -20,7 +20,7 @@ import yaml
 
 from tinyrl.api import export  # (tinyrl.export does not pass gguf= on yet)
 from tinyrl.cli import main
-from tinyrl.errors import ConfigError
+from tinyrl.errors import ConfigError, MissingExtra
 
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'tinyrl-rlvr[gguf]'")
 from gguf_helpers import (  # noqa: E402
@@ -182,6 +182,23 @@ def test_refusals_name_the_problem_and_write_nothing(run, tmp_path):
     with pytest.raises(ConfigError, match="no final adapter"):
         export(bare, gguf=tmp_path / "a.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare-run", "there.gguf"]
+
+
+def test_without_the_gguf_package_the_extra_is_named_and_nothing_is_written(run, tmp_path, monkeypatch, capsys):
+    """The gguf extra missing: MissingExtra (an ImportError) naming `pip install 'tinyrl-rlvr[gguf]'`, before
+    the merge; the CLI says it in one line and exits 2."""
+    import sys
+
+    import tinyrl.exporter
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # what `import gguf` meets when the package is not installed
+    monkeypatch.setattr(tinyrl.exporter, "merged_model", lambda *a, **kw: pytest.fail("merged before the check"))
+    with pytest.raises(MissingExtra, match=r"pip install 'tinyrl-rlvr\[gguf\]'"):
+        export(run, gguf=tmp_path / "x.gguf")
+    assert main(["export", str(run), "--gguf", str(tmp_path / "y.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'tinyrl-rlvr[gguf]'" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_of_an_unknown_architecture_is_refused_before_the_merge(run, tmp_path, monkeypatch):

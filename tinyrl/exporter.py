@@ -63,10 +63,15 @@ def run_adapter(run_dir: str | Path) -> Path:
     return adapter
 
 
+def check_choice(flag: str, value, allowed) -> str:
+    """`value` if it is one of `allowed`, else a ConfigError naming the flag, the allowed values and the value."""
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{flag}: must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
 def check_dtype(dtype: str) -> str:
-    if dtype not in DTYPES:
-        raise ConfigError(f"--dtype: must be one of {list(DTYPES)}, got {dtype!r}")
-    return dtype
+    return check_choice("--dtype", dtype, DTYPES)
 
 
 def check_out(out: str | Path) -> Path:

@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyrl.errors import ConfigError
+from tinyrl.errors import ConfigError, MissingExtra
+from tinyrl.exporter import check_choice
 
 log = logging.getLogger("tinyrl.export")
 
@@ -60,14 +61,12 @@ def import_gguf():
     try:
         import gguf
     except ImportError as e:
-        raise ConfigError(MISSING) from e
+        raise MissingExtra(MISSING) from e
     return gguf
 
 
 def check_gguf_type(gguf_type: str) -> str:
-    if gguf_type not in GGUF_TYPES:
-        raise ConfigError(f"--gguf-type: must be one of {list(GGUF_TYPES)}, got {gguf_type!r}")
-    return gguf_type
+    return check_choice("--gguf-type", gguf_type, GGUF_TYPES)
 
 
 def check_gguf_out(out: str | Path) -> Path:
