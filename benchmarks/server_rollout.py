@@ -64,10 +64,12 @@ sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 from tinyrl.config import load_config
 from tinyrl.model import resolve_model
 _, cfg = load_config({preset!r})
-if not resolve_model(cfg.model.name, cfg.model.gguf_file).gguf_file:
+m = resolve_model(cfg.model.name, cfg.model.gguf_file)
+if not m.gguf_file:
     sys.exit(3)
+from pathlib import Path
 from _bench import save_float_copy
-save_float_copy(cfg.model.name, {str(out)!r})
+save_float_copy(str(Path(m.path) / m.gguf_file), {str(out)!r})
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if p.returncode == 3:

@@ -227,3 +227,37 @@ def test_benchmark_smoke(script, smokes):
     name, _, venv = script.partition("@")
     print(f"benchmarks/{name}.py --smoke{f' (.venv-{venv})' if venv else ''}: {r['wall_s']:.0f} s")
     CHECKS[name](r["json"], r["stdout"])
+
+
+def test_server_rollout_serves_a_gguf_presets_model_from_a_float_copy(tmp_path):
+    """server_rollout.py's GGUF step (vLLM serves no GGUF): the copy it makes of a preset's GGUF model is a folder
+    transformers loads with the same logits (the SmolLM2 arm once failed here, which the tiny smoke never reaches);
+    a preset whose model is not GGUF gets None. A small random qwen2 model with a byte-level tokenizer, written to GGUF
+    by tinyrl's own writer, stands in for SmolLM2's file."""
+    pytest.importorskip("gguf", reason="the gguf extra: pip install 'tinyrl-rlvr[gguf]'")
+    import importlib.util
+
+    import torch
+    import yaml
+    from gguf_helpers import byte_level_tokenizer, random_model
+    from transformers import AutoModelForCausalLM
+
+    from tinyrl.gguf_export import write_gguf
+
+    spec = importlib.util.spec_from_file_location("server_rollout", REPO / "benchmarks" / "server_rollout.py")
+    server_rollout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server_rollout)
+    tok = byte_level_tokenizer()
+    model = random_model("qwen2", len(tok)).eval()
+    gguf_file = write_gguf(model, tok, tmp_path / "small.gguf", "f32")
+    preset = tmp_path / "gguf_preset.yaml"
+    preset.write_text(yaml.safe_dump({"model": {"name": str(gguf_file)}}))
+    out = server_rollout.gguf_to_folder(str(preset), tmp_path / "copy")
+    assert out == str(tmp_path / "copy") and (tmp_path / "copy" / "config.json").is_file()
+    ids = torch.tensor([tok("the 12 cats")["input_ids"]])
+    with torch.no_grad():
+        want = model(ids).logits
+        got = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+    assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
+    assert server_rollout.gguf_to_folder("tiny_grpo_cpu", tmp_path / "none") is None
+    assert not (tmp_path / "none").exists()
