@@ -227,12 +227,17 @@ def _wire_launch(app: App, L: dict, tabs, R: dict, demo: gr.Blocks) -> None:
     # Checked on what the user edits (.input) and after each handler that fills the form (chained): a
     # form filled by a handler sends its components' change events one by one, and a check started by the
     # first would read the others' old values (the old preset's fields passed off as the new preset's).
-    checks = [(f.validate, form_inputs, [L["validation"], L["command"]]),
-              (f.memory, [*form_inputs, card], [L["memory"], L["memory_table"]])]
+    # Each check runs in one queue of its own (concurrency_id), whoever asks for it: gradio's default queue is
+    # per listener, so a plan chained after a preset change and one asked for by a card change ran side by side
+    # and the older (the detected card's) could finish last and stay on the panel. One queue, first in first out,
+    # and each request reading the form when it is sent: the last asked is the last shown.
+    checks = [(f.validate, form_inputs, [L["validation"], L["command"]], "validate"),
+              (f.memory, [*form_inputs, card], [L["memory"], L["memory_table"]], "memory")]
 
     def then_check(event):
-        for fn, inputs, outputs in checks:
-            event = event.then(fn, inputs, outputs, api_visibility="private", show_progress="minimal")
+        for fn, inputs, outputs, queue in checks:
+            event = event.then(fn, inputs, outputs, api_visibility="private", show_progress="minimal",
+                               concurrency_id=queue, concurrency_limit=1)
         return event
 
     L["then_check"] = then_check
@@ -241,9 +246,9 @@ def _wire_launch(app: App, L: dict, tabs, R: dict, demo: gr.Blocks) -> None:
     # one listener each, the page's load among its triggers: a check still running from the load is followed
     # by the one an edit asks for (always_last), never finishes after it with the form as it loaded
     gr.on([demo.load, *edits], f.validate, form_inputs, [L["validation"], L["command"]], trigger_mode="always_last",
-          api_name="validate")
+          api_name="validate", concurrency_id="validate", concurrency_limit=1)
     gr.on([demo.load, *edits, card.change], f.memory, [*form_inputs, card], [L["memory"], L["memory_table"]],
-          trigger_mode="always_last", api_name="memory")
+          trigger_mode="always_last", api_name="memory", concurrency_id="memory", concurrency_limit=1)
     then_check(preset.change(f.preset_changed, [preset, L["pending"]],
                              [L["header"], profile, *L["fields"], L["pending"]], api_visibility="private"))
     then_check(profile.input(f.form_for, [preset, profile, L["pending"]], L["fields"], api_visibility="private"))

@@ -223,7 +223,9 @@ def _verdict(page, *words: str) -> str:
         return seen[-1] if ok and seen[-3:] == [seen[-1]] * 3 else None
 
     # a wait, not a speed check: on 2 loaded cores the form's first plan of a GPU preset took over 60 s
-    return wait_for(settled, f"a memory verdict with {words}", timeout=180, every=0.5)
+    return wait_for(settled, f"a memory verdict with {words}", timeout=180, every=0.5,
+                    shown=lambda: f"card {page.locator('#card input').input_value()!r}, {busy.count()} checks running, "
+                                  f"the panel: {seen[-1] if seen else None!r}")
 
 
 @pytest.mark.slow

@@ -221,6 +221,20 @@ def test_profile_entry_card_and_empty_number(tmp_path):
     assert shown.startswith("**tinyrl: error:**") and "24gb" in shown
 
 
+def test_every_request_for_a_plan_or_a_validation_waits_in_one_queue(tmp_path):
+    # A plan chained after a preset change and a plan asked for by a card change were two listeners, so two
+    # gradio queues: they ran side by side and the older (the detected card's) could finish last and stay on the
+    # panel (a clean-clone run waited 180 s for the 4090's verdict). One queue of one: the last asked is shown last.
+    from tinyrl.apps.form_handlers import FormHandlers
+    from tinyrl.apps.ui import build_app
+
+    demo = build_app(tmp_path / "runs")
+    for name in ("memory", "validate"):
+        fns = [b for b in demo.fns.values() if getattr(b.fn, "__func__", None) is getattr(FormHandlers, name)]
+        assert len(fns) >= 5, name  # the page's load and edits, a preset, a profile, a fit applied, a dataset
+        assert {b.concurrency_id for b in fns} == {name} and {b.concurrency_limit for b in fns} == {1}, name
+
+
 def test_resume_says_what_changed_or_that_nothing_did(tmp_path, monkeypatch):
     app = App(tmp_path)
     run = _run(tmp_path, "r", ckpts=(4,))

@@ -80,15 +80,16 @@ def kill_runs(runs_dir: Path) -> None:
             os.killpg(info["pid"], signal.SIGKILL)
 
 
-def wait_for(fn, what: str, timeout: float = 300, every: float = 1.0):
-    """Poll fn() until it returns something truthy; that value, or AssertionError naming `what`."""
+def wait_for(fn, what: str, timeout: float = 300, every: float = 1.0, shown=None):
+    """Poll fn() until it returns something truthy; that value, or AssertionError naming `what` and what was
+    last seen (fn's last value, or `shown()` where fn answers only yes or no)."""
     deadline, last = time.time() + timeout, None
     while time.time() < deadline:
         last = fn()
         if last:
             return last
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last seen: {last!r}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last seen: {shown() if shown else last!r}")
 
 
 def no_hub_login(tmp: Path) -> dict:
