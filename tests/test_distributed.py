@@ -127,6 +127,7 @@ def _run(nproc: int, tmp: Path, name: str, extra: list[str], port: int) -> tuple
     args = BASE + [f"log.run_dir={tmp / 'runs'}", f"log.name={name}", *extra]
     p = _launch(nproc, out, args, port)
     assert p.returncode == 0, p.stderr[-4000:]
+    (out / "stderr.txt").write_text(p.stderr)  # for a failure message (a reward's stacks past its timeout)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
     assert all(r["world"] == nproc for r in ranks)  # real processes, not one (accelerate's --cpu trap)
     from tinyrl.runs import read_jsonl
@@ -187,7 +188,10 @@ def test_two_processes_train_on_the_groups_one_process_trains_on_asynchronously(
     # (a flaky failure here once took 328 s: the reward counts below say whether a reward call timed out)
     rewards = [(name, r["step"], r.get("reward_failures"), r.get("reward_excluded_frac"))
                for name, m in (("one", m1), ("two", m2)) for r in m]
-    assert all(torch.allclose(a[k], b0[k], atol=5e-5, rtol=1e-4) for k in a), f"max diff {moved}; rewards {rewards}"
+    stuck = [ln for name in ("one", "two") for ln in (tmp_path / name / "stderr.txt").read_text().splitlines()
+             if "reward" in ln or ln.startswith(("Thread", "  File"))][-60:]
+    assert all(torch.allclose(a[k], b0[k], atol=5e-5, rtol=1e-4) for k in a), \
+        f"max diff {moved}; rewards {rewards}; stderr: " + "\n".join(stuck)
     assert two[0]["groups"] == two[1]["groups"] == [4, 4, 4]  # whole groups, as many on each rank
     keys = SAME_EVERYWHERE + ("staleness_mean", "staleness_max", "carried_groups", "stale_dropped_groups")
     assert len(m1) == len(m2) == 3

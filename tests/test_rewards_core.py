@@ -1,6 +1,7 @@
 """The rewards API: TRL signature, weights, per-component values, failures counted not raised."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -148,7 +149,7 @@ def test_keyboard_interrupt_from_a_reward_still_stops_the_run():
 
 
 @pytest.mark.parametrize("isolate", [True, False], ids=["own-process", "in-process"])
-def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on(isolate):
+def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on(isolate, capfd):
     import threading
     import time
 
@@ -175,6 +176,9 @@ def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on(isolate):
         # its own process is killed; in-process, a thread cannot be: it is left behind
         left = any(t.name == "tinyrl-reward" and t.daemon and t.is_alive() for t in threading.enumerate())
         assert left is not isolate and ("its process was stopped" in report.errors["hangs"]) is isolate
+        if isolate:  # before the kill, the stuck process says where it stood: the reward's own line
+            err = capfd.readouterr().err
+            assert "past reward.timeout=1 s; its stacks" in err and re.search(r'test_rewards_core\.py", line \d+ in hangs', err)
     finally:
         release.set()
         rs.close()

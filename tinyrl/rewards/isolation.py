@@ -10,7 +10,8 @@ What reaches the trainer is `call(fn, kwargs, n)`'s return value, or:
 
 - the child ended inside a call (`os._exit`, a segfault in a native extension, the kernel's OOM
   killer): "error", naming how it ended; the next call forks a fresh child;
-- it ran past `timeout`: it is killed (a real kill, unlike a thread) and "timeout";
+- it ran past `timeout`: its threads' Python stacks go to stderr (where a slow reward spent its time), then
+  it is killed (a real kill, unlike a thread) and "timeout";
 - a runaway allocation: the child's address space is capped at what it had when forked plus
   `MEMORY_SHARE` of the machine's RAM (a MemoryError in the reward, an "error"), and its
   oom_score_adj is 1000, so that the kernel's OOM killer, if it must act, takes the child first.
@@ -41,6 +42,12 @@ from tinyrl.hardware import host_memory
 MEMORY_SHARE = 0.5  # of the machine's RAM: what the child may allocate beyond what it inherited
 PR_SET_PDEATHSIG = 1
 CAN_FORK = hasattr(os, "fork")
+DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)  # a child past its timeout writes its threads' stacks on this
+DUMP_WAIT_S = 0.5  # how long the parent waits for that dump before the kill (a C handler: no Python to wait on)
+try:  # resolved here, in the parent: dlopen in a child forked from a threaded process can wait on a lock forever
+    _PRCTL = ctypes.CDLL(None).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
 
 
 def _vm_size() -> int:
@@ -56,10 +63,10 @@ def _child_setup() -> None:
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     faulthandler.disable()  # a crash here is the reward's, reported by name: no trainer-looking dump on the terminal
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if DUMP_SIGNAL is not None:  # ... but a call past its timeout shows where it stood (`RewardProcess.run`)
+        faulthandler.register(DUMP_SIGNAL, all_threads=True)
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
@@ -134,12 +141,27 @@ class RewardProcess:
             self._end(kill=True)
             raise
         if not ready:
+            self._dump_stacks(timeout)
             self._end(kill=True)
             return "timeout", None
         try:
             return "ok", self.conn.recv()
         except (EOFError, OSError):
             return "error", f"the reward's process ended inside the call: {self._end()}"
+
+    def _dump_stacks(self, timeout: float) -> None:
+        """Before the kill: the child writes its threads' Python stacks to the trainer's stderr, under a line that
+        says whose they are (where a slow reward spent its time, or where a child stuck on a lock stood)."""
+        if DUMP_SIGNAL is None:
+            return
+        sys.stderr.write(f"tinyrl: the reward's process (pid {self.pid}) is past reward.timeout={timeout:g} s; "
+                         f"its stacks, then it is killed:\n")
+        sys.stderr.flush()
+        try:
+            os.kill(self.pid, DUMP_SIGNAL)
+        except OSError:
+            return
+        time.sleep(DUMP_WAIT_S)  # the dump is a few writes from a signal handler; no reply to wait on
 
     def start(self) -> None:
         """Fork the child now, if it is not running (a caller about to call from a worker thread forks on
