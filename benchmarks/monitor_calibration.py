@@ -93,6 +93,10 @@ class Case:
     before_damage: tuple[str, ...] = ()  # the expected alarms that promise to fire before it
     overrides: dict = field(default_factory=dict)
     seeds: Optional[tuple[int, ...]] = None  # without --seeds; None: 0-5
+    name: str = ""  # the case's name where it is a preset with overrides (a broken variant); default the preset's
+
+    def __post_init__(self):
+        self.name = self.name or self.preset
 
     @property
     def healthy(self) -> bool:
@@ -120,6 +124,29 @@ CASES: dict[str, Case] = {
                                       share_at_least("truncated_frac", 0.9), ("length_explosion",), seeds=(0,)),
     "tiny_advantage_collapse_cpu": Case("tiny_advantage_collapse_cpu", ("advantage_collapse",), seeds=(0,)),
 }
+# The real model broken on purpose (issue 50): the SmolLM2 preset with the tiny presets' faults as overrides, each
+# cut to the steps it needs (~14 s a step on 2 cores). Named, never in the default --cases.
+SMOLLM_BROKEN = {
+    "smollm2-stale": Case(SMOLLM, ("stale_weights",), first_step_after(3, "a second update on stale samples"),
+                          ("stale_weights",), {"rollout.engine": "stale", "train.steps": 6}, (0,)),
+    # lm_head-only LoRA at a high rate, clipping off: the head sharpens onto the answers it already gives
+    "smollm2-entropy": Case(SMOLLM, ("entropy_collapse",), None, (),
+                            {"lora.target_modules": ["lm_head"], "train.lr": 4e-2, "train.max_grad_norm": 1e6,
+                             "train.steps": 30}, (0,)),
+    "smollm2-kl": Case(SMOLLM, ("kl_blowup",), reward_collapse(), ("kl_blowup",),
+                       {"algo.beta": 0.04, "train.lr": 2e-2, "train.warmup_steps": 10, "train.steps": 30}, (0,)),
+    "smollm2-collapse": Case(SMOLLM, ("lazy_likelihood",), reward_collapse(), ("lazy_likelihood",),
+                             {"train.lr": 5e-3, "train.max_grad_norm": 1e6, "train.steps": 20}, (0,)),
+    "smollm2-length": Case(SMOLLM, ("length_explosion",), share_at_least("truncated_frac", 0.9), ("length_explosion",),
+                           {"reward.functions": ["task", {"name": "tinyrl.rewards.broken:pays_for_length", "weight": 8.0,
+                                                          "kwargs": {"max_chars": 160}}],
+                            "monitor.reward_max": 9.0, "train.steps": 30}, (0,)),
+    # five-digit sums of three numbers, the task reward alone: a 135M model gets none right, so no group has a spread
+    "smollm2-too-hard": Case(SMOLLM, ("advantage_collapse",), None, (),
+                             {"reward.functions": ["task"], "data.task_args.min_digits": 5, "data.task_args.max_digits": 5,
+                              "data.task_args.min_terms": 3, "data.task_args.max_terms": 3, "train.steps": 12}, (0,)),
+}
+CASES.update({name: replace(c, name=name) for name, c in SMOLLM_BROKEN.items()})
 
 # --smoke (seed 0, a fresh temporary --out unless one is given): one healthy run cut to 3 steps and one broken
 # preset that ends itself within 3 steps (the stale-weights canary stops it), so every part (runs, replay,
@@ -131,7 +158,7 @@ SMOKE = {"tiny_grpo_cpu": {"train.steps": 3}, "tiny_stale_weights_cpu": {}}
 
 
 def run_name(case: Case, seed: int) -> str:
-    return f"{case.preset}-s{seed}"
+    return f"{case.name}-s{seed}"
 
 
 def child(spec: dict) -> None:
@@ -169,8 +196,8 @@ def run_cases(cases: list[tuple[Case, int]], out: Path, jobs: int) -> None:
 
     def one(item):
         case, seed = item
-        spec = {"preset": case.preset, "seed": seed, "overrides": case.overrides, "name": run_name(case, seed),
-                "out": str(out)}
+        spec = {"preset": case.preset, "case": case.name, "seed": seed, "overrides": case.overrides,
+                "name": run_name(case, seed), "out": str(out)}
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, str(HERE), "--child", json.dumps(spec)], capture_output=True, text=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
@@ -182,6 +209,11 @@ def run_cases(cases: list[tuple[Case, int]], out: Path, jobs: int) -> None:
 
 
 # --------------------------------------------------------------------------- replay
+
+
+def case_of(spec: dict) -> str:
+    """The case a run folder is of (traces written before cases had names: the preset's)."""
+    return spec.get("case", spec["preset"])
 
 
 def replay(path: Path) -> tuple[dict, list[dict], list[dict]]:
@@ -282,7 +314,7 @@ def confusion(results: list[tuple[dict, list[dict], list[dict]]], cases: dict) -
     head = f"{'case':<34} {'steps':>5} {'damage':>6} " + " ".join(f"{short[n]:>9}" for n in names)
     lines = [head, "-" * len(head)]
     for spec, rows, fired in results:
-        case = cases.get(spec["preset"])
+        case = cases.get(case_of(spec))
         dmg = case.damage(rows) if case and case.damage else None
         first: dict[str, str] = {}
         for a in fired:
@@ -296,7 +328,7 @@ def confusion(results: list[tuple[dict, list[dict], list[dict]]], cases: dict) -
 def checks(results, cases) -> tuple[list[str], bool]:
     lines, ok = [], True
     for spec, rows, fired in results:
-        case = cases.get(spec["preset"])
+        case = cases.get(case_of(spec))
         if case is None:
             continue
         alarms = [a for a in fired if a.get("severity", "alarm") == "alarm"]
@@ -330,7 +362,7 @@ def checks(results, cases) -> tuple[list[str], bool]:
 def headroom(results, cases) -> list[str]:
     from tinyrl.config import load_config
 
-    healthy = [(spec, rows) for spec, rows, _ in results if cases.get(spec["preset"]) and cases[spec["preset"]].healthy]
+    healthy = [(spec, rows) for spec, rows, _ in results if cases.get(case_of(spec)) and cases[case_of(spec)].healthy]
     if not healthy:
         return []
     lines = [f"  {'quantity':<44} {'threshold':>10} {'worst healthy':>14}  run"]
@@ -354,7 +386,7 @@ def report(out: Path, json_path: Optional[str]) -> bool:
         return False
     results = [replay(p) for p in runs]
     order = {n: i for i, n in enumerate(CASES)}
-    results.sort(key=lambda x: (order.get(x[0]["preset"], 99), x[0]["seed"]))
+    results.sort(key=lambda x: (order.get(case_of(x[0]), 99), x[0]["seed"]))
     print("\nconfusion table (the monitor replayed over each run's metrics.jsonl, current thresholds):\n")
     print("\n".join(confusion(results, CASES)))
     lines, ok = checks(results, CASES)
@@ -375,7 +407,7 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--out", default=None, help="default runs/monitor-calibration (--smoke: a temporary folder)")
     ap.add_argument("--smoke", action="store_true", help="seed 0 of " + " and ".join(SMOKE) + ", in about a minute")
-    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=[n for n in CASES if n != SMOLLM])
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=[n for n in CASES if CASES[n].preset != SMOLLM])
     ap.add_argument("--seeds", type=int, nargs="+",
                     help="seeds for every case (default: 0-5 for the healthy presets, each broken preset's own)")
     ap.add_argument("--jobs", type=int, default=2)

@@ -39,13 +39,15 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 @functools.cache
 def vllm_venv() -> bool:
-    """Whether the vLLM venv (scripts/vllm_test_env.sh) can import vllm."""
-    return VLLM_PYTHON.exists() and subprocess.run([str(VLLM_PYTHON), "-c", "import vllm"], capture_output=True,
-                                                   timeout=300).returncode == 0
+    """Whether this is scripts/test_vllm.sh's run (TINYRL_VLLM_SMOKE=1: the README command builds .venv-vllm after
+    the main pytest run, so the vLLM smoke runs there) and the vLLM venv can import vllm."""
+    return os.environ.get("TINYRL_VLLM_SMOKE") == "1" and VLLM_PYTHON.exists() and subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm"], capture_output=True, timeout=300).returncode == 0
 
 
 # a run that needs something this machine may lack, and why it is skipped then
-NEEDS = {"vllm_grpo@vllm": (vllm_venv, ".venv-vllm cannot import vllm here (the hf fallback ran: vllm_grpo)")}
+NEEDS = {"vllm_grpo@vllm": (vllm_venv, "runs in scripts/test_vllm.sh (TINYRL_VLLM_SMOKE=1, with .venv-vllm built); "
+                                       "the hf fallback ran here: vllm_grpo")}
 
 
 def finite(*xs) -> bool:
