@@ -188,7 +188,13 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     just before, from a real spread, while reward holds. Fewer successes (reward falling too) is
     advantage collapse, not echo; a solved task may agree with itself. Samples that echo one
     answer are less diverse, so token entropy falls with the spread: a sparse reward's spread
-    halves by chance over 5 steps while entropy holds (the search agent's healthy runs)."""
+    halves by chance over 5 steps while entropy holds (the search agent's healthy runs).
+
+    Nor is a run that learns an echo: as prompts get solved their groups answer all right (spread 0),
+    and the sharper policy's entropy falls, while reward climbs. So, as `entropy_collapse`, the alarm
+    holds back while reward is `entropy_learning_rise` x reward_max above its early-run mean: healthy
+    SmolLM2-135M GRPO seed 2 (reward 0.25 -> 0.6-0.9) met the spread and entropy tests at step 25,
+    its reward 0.36 above the early mean; `default_learning.py`'s seed 1 had raised it the same way."""
     if len(h) < 2 * c.window:
         return None
     ref, now = h[-2 * c.window:-c.window], h[-c.window:]
@@ -196,6 +202,8 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     high, _ = _reward_high(now[-c.echo_trap_steps:], c)
     r_ref, r_now = _mean(_vals(ref, "reward_mean")), _mean(_vals(now, "reward_mean"))
     if len(s_ref) < c.window or len(s_now) < c.window or high or not r_now >= (1 - c.echo_drop) * r_ref:
+        return None
+    if _learning(h, c):
         return None
     med, cur = _median(s_ref), _median(s_now)
     e_ref, e_now = _mean(_vals(ref, "entropy")), _mean(_vals(now, "entropy"))

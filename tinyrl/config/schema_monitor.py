@@ -28,7 +28,9 @@ class MonitorConfig:
     # entropy_collapse: token entropy far below its early value (relative) and low (absolute)
     entropy_collapse_frac: float = 0.3  # below this fraction of its early-run value ...
     entropy_collapse_abs: float = 0.5  # ... and below this many nats per token (a 2-nat LLM at 0.55 still explores)
-    entropy_learning_rise: float = 0.15  # ... unless reward (window mean) is this x reward_max above its early mean
+    # entropy_collapse and echo_trap hold back while reward (window mean) is this x reward_max above its early mean:
+    # learning, not collapse
+    entropy_learning_rise: float = 0.15
     entropy_collapse_steps: int = 2
     entropy_collapse_cooldown: int = 50
     # advantage_collapse: most groups carry no learning signal
