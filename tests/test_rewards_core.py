@@ -148,6 +148,22 @@ def test_keyboard_interrupt_from_a_reward_still_stops_the_run():
             rs.score(["p"], ["a"], [{}])
 
 
+def test_a_reward_process_works_where_sys_stderr_has_no_file_descriptor(monkeypatch):
+    import io
+    import sys
+
+    # a notebook's stderr, pytest's capsys: the child's stack-dump handler must not need sys.stderr's descriptor
+    # (it did, and every reward call in such a process failed: "exited with status 1")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    rs = RewardSet([], timeout=5.0, isolate=True)
+    rs.components = [("exact", exact, 1.0)]
+    try:
+        total, _, report = rs.score(["p"] * 3, ["4", "5", "x"], [{"answer": "4"}] * 3)
+        assert total.tolist() == [1.0, 0.0, 0.0] and not report.failures
+    finally:
+        rs.close()
+
+
 @pytest.mark.parametrize("isolate", [True, False], ids=["own-process", "in-process"])
 def test_a_hanging_reward_times_out_scores_none_and_the_rest_go_on(isolate, capfd):
     import threading

@@ -43,6 +43,7 @@ MEMORY_SHARE = 0.5  # of the machine's RAM: what the child may allocate beyond w
 PR_SET_PDEATHSIG = 1
 CAN_FORK = hasattr(os, "fork")
 DUMP_SIGNAL = getattr(signal, "SIGUSR1", None)  # a child past its timeout writes its threads' stacks on this
+STDERR_FD = 2
 DUMP_WAIT_S = 0.5  # how long the parent waits for that dump before the kill (a C handler: no Python to wait on)
 try:  # resolved here, in the parent: dlopen in a child forked from a threaded process can wait on a lock forever
     _PRCTL = ctypes.CDLL(None).prctl
@@ -64,7 +65,8 @@ def _child_setup() -> None:
         signal.signal(s, signal.SIG_IGN)
     faulthandler.disable()  # a crash here is the reward's, reported by name: no trainer-looking dump on the terminal
     if DUMP_SIGNAL is not None:  # ... but a call past its timeout shows where it stood (`RewardProcess.run`)
-        faulthandler.register(DUMP_SIGNAL, all_threads=True)
+        # on file descriptor 2, not sys.stderr: under pytest's capture or a notebook, sys.stderr has no descriptor
+        faulthandler.register(DUMP_SIGNAL, file=STDERR_FD, all_threads=True)
     if _PRCTL is not None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
@@ -154,9 +156,11 @@ class RewardProcess:
         says whose they are (where a slow reward spent its time, or where a child stuck on a lock stood)."""
         if DUMP_SIGNAL is None:
             return
-        sys.stderr.write(f"tinyrl: the reward's process (pid {self.pid}) is past reward.timeout={timeout:g} s; "
-                         f"its stacks, then it is killed:\n")
-        sys.stderr.flush()
+        try:  # where the stacks go (sys.stderr may be another stream: a notebook's, pytest's capture)
+            os.write(STDERR_FD, f"tinyrl: the reward's process (pid {self.pid}) is past reward.timeout={timeout:g} s; "
+                                f"its stacks, then it is killed:\n".encode())
+        except OSError:
+            pass
         try:
             os.kill(self.pid, DUMP_SIGNAL)
         except OSError:
