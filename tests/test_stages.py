@@ -32,22 +32,43 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_grpo_stage_starts_from_the_sft_adapter(run_root):
+def evaluations(monkeypatch) -> list[str]:
+    """The GRPO trainer's held-out evaluations, in order ("before", "after")."""
+    seen, real = [], Trainer.evaluate
+    monkeypatch.setattr(Trainer, "evaluate", lambda self, when: seen.append(when) or real(self, when))
+    return seen
+
+
+def test_grpo_stage_starts_from_the_sft_adapter_and_its_held_out_score(run_root, monkeypatch):
+    evaluated = evaluations(monkeypatch)
     run = train("tiny_sft_grpo_cpu", **small(run_root, "zero", **{"train.steps": 0}))
     sft_dir, grpo_dir = run.path / "stages" / "01-sft", run.path / "stages" / "02-grpo"
     # zero GRPO steps: the GRPO stage's adapter is exactly the one it started from
     assert same(weights(grpo_dir), weights(sft_dir))
     grpo_summary = json.loads((grpo_dir / "summary.json").read_text())
     sft_summary = json.loads((sft_dir / "summary.json").read_text())
-    assert grpo_summary["eval_before"] == sft_summary["eval_after"]  # the same policy, evaluated twice
+    # the same policy on the same held-out rows: SFT's "after" is carried as GRPO's "before", not measured again
+    assert evaluated == ["after"]
+    assert grpo_summary["eval_before"] == sft_summary["eval_after"]
+    assert grpo_summary["details"]["eval_before_from"] == "stages/01-sft"
     assert sft_summary["eval_after"] != sft_summary["eval_before"]  # ... which SFT did move
 
-    # and the GRPO trainer the stage builds holds the SFT weights before its first step
+    # and the GRPO trainer the stage builds holds the SFT weights before its first step, and measures that score
     _, cfg = load_config("tiny_sft_grpo_cpu", small(run_root, "unused"))
     cfg = chain.stage_config(cfg, str(sft_dir / "adapter"))
     trainer = grpo.build(cfg, RunDir(run.path / "probe"))
     state = {k.replace(".default", ""): v for k, v in trainer.model.state_dict().items() if "lora_" in k}
     assert same(state, weights(sft_dir))
+    assert trainer.state.eval_before is None  # a folder of its own: nothing carried
+    assert trainer.evaluate("before") == sft_summary["eval_after"]
+
+
+def test_a_stage_with_pass_at_k_measures_its_own_before(run_root, monkeypatch):
+    evaluated = evaluations(monkeypatch)
+    run = train("tiny_sft_grpo_cpu", **small(run_root, "sampled", **{"train.steps": 0, "train.eval_samples": 2}))
+    grpo_summary = json.loads((run.path / "stages" / "02-grpo" / "summary.json").read_text())
+    assert evaluated == ["before", "after"]  # pass@k before is not in SFT's summary: nothing is carried
+    assert "eval_before_from" not in grpo_summary["details"] and "before" in grpo_summary["details"]["eval_sampled"]
 
 
 def test_sft_then_grpo_is_one_command(tmp_path, capsys):

@@ -68,6 +68,7 @@ class TrainerState:
     skipped_steps: int = 0  # optimiser steps skipped for a non-finite loss or gradient
     no_signal_steps: int = 0  # optimiser steps skipped for want of any learning signal
     eval_before: float | None = None  # held-out accuracy before training (None: not measured)
+    eval_before_from: str | None = None  # the stage whose "after" is this run's "before" (a stage chain carried it)
     eval_sampled: dict = field(default_factory=dict)  # "before" / "after" -> pass@k, maj@k (train.eval_samples)
     micro_batch: int = 0  # completions per forward/backward; halved on an out-of-memory error
     rollout_prompts: int | None = None  # prompts per engine call; set on an out-of-memory error
@@ -136,7 +137,7 @@ class Trainer:
                            deadline_s=cfg.train.stop_timeout_s).__enter__()
         bar = None
         try:
-            if st.step == 0 and self._can_evaluate():
+            if st.step == 0 and st.eval_before is None and self._can_evaluate():
                 log.info("held-out evaluation before training (%d prompts)", len(self.eval_rows))
                 st.eval_before = self.evaluate("before")
                 log.info("held-out accuracy before training: %.3f", st.eval_before)

@@ -12,6 +12,11 @@ common schema: eval_before of the first stage, eval_after of the last, every sta
 
 `tinyrl train --resume RUN` continues where the run stopped: finished stages (their
 summary.json says so) are skipped and the interrupted one continues from its checkpoint.
+
+A stage starts from the adapter the previous one ended with and evaluates on the same held-out rows,
+greedily: its "before" is the previous stage's "after", so it is carried over (the new stage's
+summary.json is seeded with it; `details.eval_before_from` names the stage), not measured twice. Not
+with `train.eval_samples` (the pass@k before would be missing).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
     for i, name in enumerate(cfg.stages, 1):
         folder = stage_folder(run_dir, i, name)
         sub_cfg = stage_config(cfg, adapter)
-        sub = _stage_run_dir(folder, sub_cfg)
+        sub = _stage_run_dir(folder, sub_cfg, _carried(cfg, name, summaries[-1:]))
         summary = read_summary(sub)
         if _finished(folder, summary):
             log.info("stage %d (%s) finished earlier: %s", i, name, folder)
@@ -71,17 +76,29 @@ def stage_config(cfg, adapter: str | None):
     return dataclasses.replace(cfg, stages=[], model=dataclasses.replace(cfg.model, adapter=adapter))
 
 
-def _stage_run_dir(folder: Path, cfg) -> RunDir:
-    """The stage's run folder with its config.yaml (derived from the whole run's config each time): written by
-    rank 0, which owns the folders; the other ranks get a replica that writes nothing (as for the top folder)."""
+def _carried(cfg, name: str, previous: list[dict]) -> Summary | None:
+    """The summary a fresh stage starts with: the previous stage's held-out "after" as its "before"."""
+    if not previous or previous[0].get("eval_after") is None or cfg.train.eval_samples:
+        return None
+    return Summary(name, eval_before=previous[0]["eval_after"], details={"eval_before_from": previous[0]["folder"]})
+
+
+def _stage_run_dir(folder: Path, cfg, seed: Summary | None = None) -> RunDir:
+    """The stage's run folder with its config.yaml (derived from the whole run's config each time), and `seed` as
+    its summary.json when it has none yet: written by rank 0, which owns the folders (before the barrier, so every
+    rank's method reads the same summary); the other ranks get a replica that writes nothing (as for the top
+    folder)."""
     dist = distributed.setup()
     if not dist.is_main:
         dist.barrier()  # rank 0 has written the folder
         return distributed.replica_run_dir(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(folder / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    run = RunDir(folder)
+    if seed is not None and not read_summary(run):
+        write_summary(run, seed)
     dist.barrier()
-    return RunDir(folder)
+    return run
 
 
 def _finished(folder: Path, summary: dict) -> bool:

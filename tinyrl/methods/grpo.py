@@ -7,7 +7,7 @@ import logging
 
 from tinyrl import checkpoint, distributed
 from tinyrl.checkpoint import ResumeError
-from tinyrl.methods.common import Summary, build_run, error_text, note_resume, write_summary
+from tinyrl.methods.common import Summary, build_run, error_text, note_resume, read_summary, write_summary
 from tinyrl.runs import Run, RunDir, truncate_jsonl
 from tinyrl.trainer import Trainer
 
@@ -29,6 +29,8 @@ def build(cfg, run: RunDir, resume: bool = False) -> Trainer:
         log.info("continuing %s from %s (step %d)", run.path, data.path.name, trainer.state.step)
         if resume:
             note_resume(run, step=trainer.state.step, checkpoint=data.path.name)
+    elif carried := read_summary(run).get("details", {}).get("eval_before_from"):  # tinyrl.methods.chain
+        trainer.state.eval_before, trainer.state.eval_before_from = read_summary(run)["eval_before"], carried
     if dist.is_main:
         for name in STEP_LOGS:
             truncate_jsonl(run.path / name, trainer.state.step)  # rows after the checkpoint (all, from scratch)
@@ -45,6 +47,7 @@ def summary(trainer: Trainer, result: Run | None, error: str | None) -> Summary:
                    dict(trainer.rewards.total_failures),
                    {"skipped_steps": st.skipped_steps, "no_signal_steps": st.no_signal_steps,
                     "config_patches": st.config_patches,
+                    **({"eval_before_from": st.eval_before_from} if st.eval_before_from else {}),
                     **({"eval_sampled": st.eval_sampled} if st.eval_sampled else {}),  # pass@k, maj@k
                     **({"data_filter": f} if (f := getattr(trainer.prompts.rows, "filtered", None)) else {})})
 

@@ -32,13 +32,15 @@ def run(cfg, run_dir: RunDir, resume: bool = False) -> Run:
     if not rows:
         raise ConfigError(f"sft.data: no rows to train on from {cfg.sft.data or 'the task'}"
                           + (f" with reward >= {cfg.sft.min_reward}" if cfg.sft.min_reward is not None else ""))
-    before = read_summary(run_dir).get("eval_before")  # a resumed run keeps the figure it measured first
+    prior = read_summary(run_dir)  # a resumed run keeps the figure it measured first (or a stage chain carried)
+    before, carried = prior.get("eval_before"), prior.get("details", {}).get("eval_before_from")
     model, tok = load_model(cfg, distributed.setup(cfg.dist.timeout_s))
     held_out = HeldOut(cfg, tok)
     if before is None:
         before = held_out(model)
         log.info("sft: %d rows; held-out accuracy before: %s", len(rows), before)
-    summary = Summary("sft", eval_before=before, details={"rows": len(rows)})
+    summary = Summary("sft", eval_before=before,
+                      details={"rows": len(rows), **({"eval_before_from": carried} if carried else {})})
     write_summary(run_dir, summary)
     res = None
     try:
