@@ -51,6 +51,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, NamedTuple, Optional
 
+from tinyrl.monitor_history import finite, mean, median, reward_high, slope, spike, vals, window_mean
+
 if TYPE_CHECKING:  # the config imports nothing from here at run time (no cycle)
     from tinyrl.config.schema_monitor import MonitorConfig
 
@@ -61,56 +63,6 @@ class Finding(NamedTuple):
     evidence: str
     action: str
     fatal: bool = False
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _vals(rows: list[dict], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if _finite(r.get(key))]
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if s else float("nan")
-
-
-def _slope(ys: list[float]) -> float:
-    """Least-squares slope of ys against 0..n-1."""
-    n = len(ys)
-    xm, ym = (n - 1) / 2, _mean(ys)
-    den = sum((i - xm) ** 2 for i in range(n))
-    return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / den if den else 0.0
-
-
-def _window_mean(h: list[dict], key: str, n: int) -> Optional[float]:
-    """Mean of `key` over the last n rows, or None unless all n have it (absent: not measured)."""
-    xs = _vals(h[-n:], key)
-    return _mean(xs) if len(xs) == n else None
-
-
-def _reward_high(rows: list[dict], c: MonitorConfig) -> tuple[bool, float]:
-    r = _mean(_vals(rows, "reward_mean"))
-    return (not math.isnan(r) and r >= c.reward_high_frac * c.reward_max), r
-
-
-def _spike(h: list[dict], key: str, factor: float, floor: float, c: MonitorConfig) -> Optional[tuple[float, float]]:
-    """(latest, rolling median) when the latest value is > factor x its rolling median and > floor.
-    Steps that took no optimiser step (skipped_no_signal) are left out of the median."""
-    past = _vals([r for r in h[-c.median_window - 1:-1] if not r.get("skipped_no_signal")], key)
-    x = h[-1].get(key)
-    if not _finite(x) or len(past) < c.window:
-        return None
-    med = _median(past)
-    return (x, med) if x > floor and x > factor * med else None
 
 
 # --------------------------------------------------------------------------- rules
@@ -135,9 +87,9 @@ def entropy_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     step to tell apart."""
     if len(h) <= c.baseline_steps:
         return None
-    base, e = _mean(_vals(h[: c.baseline_steps], "entropy")), h[-1].get("entropy")
-    high, r = _reward_high(h[-c.entropy_collapse_steps:], c)
-    if not (base > 0 and _finite(e)) or high:
+    base, e = mean(vals(h[: c.baseline_steps], "entropy")), h[-1].get("entropy")
+    high, r = reward_high(h[-c.entropy_collapse_steps:], c)
+    if not (base > 0 and finite(e)) or high:
         return None
     if not (e < c.entropy_collapse_frac * base and e < c.entropy_collapse_abs):
         return None
@@ -152,13 +104,13 @@ def entropy_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 def _entropy_split(h: list[dict], c: MonitorConfig) -> Optional[tuple[float, float]]:
     """(entropy of the worse-than-group-mean samples, of the better ones), window means; None unmeasured."""
     rows = h[-c.window:]
-    neg, pos = _vals(rows, "entropy_adv_neg"), _vals(rows, "entropy_adv_pos")
-    return (_mean(neg), _mean(pos)) if neg and pos else None
+    neg, pos = vals(rows, "entropy_adv_neg"), vals(rows, "entropy_adv_pos")
+    return (mean(neg), mean(pos)) if neg and pos else None
 
 
 def _learning(h: list[dict], c: MonitorConfig) -> bool:
     """Reward (window mean) clearly above its early-run mean."""
-    early, recent = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _window_mean(h, "reward_mean", c.window)
+    early, recent = mean(vals(h[: c.baseline_steps], "reward_mean")), window_mean(h, "reward_mean", c.window)
     return recent is not None and not math.isnan(early) and recent >= early + c.entropy_learning_rise * c.reward_max
 
 
@@ -172,8 +124,8 @@ def advantage_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     while the task is not solved, so the run has next to nothing to learn from. (All solved is
     not a failure; nor is a sparse reward: at 8% success a group of 8 is all-zero half the time,
     and the search agent learns with 50-80% of its groups all-zero.)"""
-    z = _window_mean(h, "zero_std_frac", c.window)
-    high, r = _reward_high(h[-c.window:], c)
+    z = window_mean(h, "zero_std_frac", c.window)
+    high, r = reward_high(h[-c.window:], c)
     if z is None or z <= c.zero_std_max or high:
         return None
     return Finding(f"{z:.0%} of groups had identical rewards (zero advantage) over the last {c.window} steps "
@@ -198,15 +150,15 @@ def echo_trap(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     if len(h) < 2 * c.window:
         return None
     ref, now = h[-2 * c.window:-c.window], h[-c.window:]
-    s_ref, s_now = _vals(ref, "reward_group_std"), _vals(now, "reward_group_std")
-    high, _ = _reward_high(now[-c.echo_trap_steps:], c)
-    r_ref, r_now = _mean(_vals(ref, "reward_mean")), _mean(_vals(now, "reward_mean"))
+    s_ref, s_now = vals(ref, "reward_group_std"), vals(now, "reward_group_std")
+    high, _ = reward_high(now[-c.echo_trap_steps:], c)
+    r_ref, r_now = mean(vals(ref, "reward_mean")), mean(vals(now, "reward_mean"))
     if len(s_ref) < c.window or len(s_now) < c.window or high or not r_now >= (1 - c.echo_drop) * r_ref:
         return None
     if _learning(h, c):
         return None
-    med, cur = _median(s_ref), _median(s_now)
-    e_ref, e_now = _mean(_vals(ref, "entropy")), _mean(_vals(now, "entropy"))
+    med, cur = median(s_ref), median(s_now)
+    e_ref, e_now = mean(vals(ref, "entropy")), mean(vals(now, "entropy"))
     narrower = not (e_ref > 0) or e_now < (1 - c.echo_entropy_drop) * e_ref  # entropy not measured: spread alone
     if med >= c.echo_min_std and cur < (1 - c.echo_drop) * med and narrower:
         return Finding(f"within-group reward std (median of the last {c.window} steps) {cur:.3g} fell "
@@ -224,8 +176,8 @@ def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     rises), or correct responses' likelihood keeps falling for several windows (by more than
     noise) while reward rises and the updates themselves did not raise it on average."""
     action = "turn on LLDS: algo.llds_lambda=0.2 with algo.num_iterations>=2"
-    nonpos = _window_mean(h, "frac_pos_delta_nonpos", c.lld_nonpos_steps)
-    delta = _window_mean(h, "logp_pos_delta", c.lld_nonpos_steps)
+    nonpos = window_mean(h, "frac_pos_delta_nonpos", c.lld_nonpos_steps)
+    delta = window_mean(h, "logp_pos_delta", c.lld_nonpos_steps)
     if nonpos is not None and delta is not None and nonpos > c.lld_nonpos_frac and delta < -c.lld_delta_floor:
         return Finding(f"the update lowered the likelihood of {nonpos:.0%} of the positive-advantage responses it "
                        f"was meant to reinforce, by {-delta:.3g} nats per token on average (mean over the last "
@@ -236,15 +188,15 @@ def lazy_likelihood(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     if len(h) < n:
         return None
     chunks = [h[-n + i * c.window: len(h) - n + (i + 1) * c.window] for i in range(c.lld_windows)]
-    lp = [_mean(_vals(ch, "logp_pos_mean")) for ch in chunks]
-    rw = [_mean(_vals(ch, "reward_mean")) for ch in chunks]
+    lp = [mean(vals(ch, "logp_pos_mean")) for ch in chunks]
+    rw = [mean(vals(ch, "reward_mean")) for ch in chunks]
     if any(math.isnan(x) for x in lp + rw):
         return None
     # across steps the correct responses are different ones (an agent that learns to search answers
     # with other text): where the update's own effect on them was measured and was a rise, a fall
     # across steps is a change of which responses are correct, not a displacement
-    own = _vals(h[-n:], "logp_pos_delta")
-    if own and _mean(own) > 0:
+    own = vals(h[-n:], "logp_pos_delta")
+    if own and mean(own) > 0:
         return None
     if all(b < a for a, b in zip(lp, lp[1:])) and lp[0] - lp[-1] >= c.lld_fall_min and rw[-1] > rw[0] + c.reward_rise:
         return Finding(f"log-likelihood per token of correct responses fell for {c.lld_windows} windows of "
@@ -260,7 +212,7 @@ def grad_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     if last.get("skipped_nonfinite"):
         return Finding(f"non-finite loss or gradient at step {last['step']}; the step was skipped (weights untouched)",
                        "lower train.lr, raise train.max_grad_norm headroom, or check the reward scale")
-    hit = _spike(h, "grad_norm", c.grad_explosion_factor, c.grad_explosion_floor, c)
+    hit = spike(h, "grad_norm", c.grad_explosion_factor, c.grad_explosion_floor, c)
     if hit:
         g, med = hit
         return Finding(f"grad norm {g:.3g} is {g / med if med > 0 else math.inf:.1f}x its rolling median {med:.3g} "
@@ -276,20 +228,20 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     its rolling median *and* above an absolute floor, or the update KL above a ceiling no healthy
     step reaches (the first steps of a run have no median to compare with)."""
     action = "lower train.lr, raise algo.beta, or tighten algo.epsilon_low/epsilon_high"
-    kl = _vals(h, "ref_kl")
+    kl = vals(h, "ref_kl")
     if len(kl) >= 3 * c.window and kl[-1] > c.kl_floor:  # the first window is warm-up (KL starts ~quadratic)
-        old, new = _slope(kl[-2 * c.window:-c.window]), _slope(kl[-c.window:])
+        old, new = slope(kl[-2 * c.window:-c.window]), slope(kl[-c.window:])
         if new > c.kl_accel_factor * max(old, c.kl_floor / c.window):
             return Finding(f"KL to the reference {kl[-1]:.3g} is accelerating: slope {new:.3g}/step over the last "
                            f"{c.window} steps vs {old:.3g}/step before (> {c.kl_accel_factor:g}x)", action)
     checks = (("update_kl", c.update_kl_factor, c.update_kl_floor),
               ("update_clip_frac", c.clip_frac_factor, c.clip_frac_floor))
     x = h[-1].get("update_kl")
-    if _finite(x) and x > c.update_kl_max:
+    if finite(x) and x > c.update_kl_max:
         return Finding(f"update_kl {x:.3g} per token is above {c.update_kl_max:g}: one update moved the policy far "
                        "from the one that sampled the batch", action)
     for key, factor, floor in checks:
-        hit = _spike(h, key, factor, floor, c)
+        hit = spike(h, key, factor, floor, c)
         if hit:
             return Finding(f"{key} {hit[0]:.3g} is above {floor:g} and {factor:g}x its rolling median {hit[1]:.3g}",
                            action)
@@ -302,15 +254,15 @@ def stale_weights(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     step 1 samples from the initial weights both sides share, so its mismatch is the noise floor."""
     last = h[-1]
     k3, md = last.get("rollout_trainer_k3"), last.get("rollout_trainer_maxdiff")
-    if last.get("step", 0) < 2 or not _finite(k3):
+    if last.get("step", 0) < 2 or not finite(k3):
         return None
-    if _finite(last.get("staleness_max")) and last["staleness_max"] > 0:  # older weights sampled some on purpose
+    if finite(last.get("staleness_max")) and last["staleness_max"] > 0:  # older weights sampled some on purpose
         k3, md = last.get("rollout_trainer_k3_fresh"), None  # (partial rollouts): judge the current adapter's tokens
-        if not _finite(k3):  # none (one-step-off: every token is a version old): offpolicy_drift's to judge
+        if not finite(k3):  # none (one-step-off: every token is a version old): offpolicy_drift's to judge
             return None
     floor = next((r.get("rollout_trainer_k3") for r in h if r.get("step") == 1), None)
-    limit = max(c.stale_k3, c.stale_noise_factor * floor if _finite(floor) else 0.0)
-    over_md = c.stale_maxdiff is not None and _finite(md) and md > c.stale_maxdiff
+    limit = max(c.stale_k3, c.stale_noise_factor * floor if finite(floor) else 0.0)
+    over_md = c.stale_maxdiff is not None and finite(md) and md > c.stale_maxdiff
     if k3 > limit or over_md:
         return Finding(f"rollout-engine vs trainer logprobs disagree right after a weight sync: k3 {k3:.3g}/token "
                        f"(limit {limit:.3g}), max |diff| {md if md is not None else float('nan'):.3g}; the engine "
@@ -327,8 +279,8 @@ def length_shortcut(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     token alone."""
     if len(h) < c.baseline_steps + c.window:
         return None
-    base_len, cur_len = _mean(_vals(h[: c.baseline_steps], "completion_len")), _mean(_vals(h[-c.window:], "completion_len"))
-    base_r, cur_r = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _mean(_vals(h[-c.window:], "reward_mean"))
+    base_len, cur_len = mean(vals(h[: c.baseline_steps], "completion_len")), mean(vals(h[-c.window:], "completion_len"))
+    base_r, cur_r = mean(vals(h[: c.baseline_steps], "reward_mean")), mean(vals(h[-c.window:], "reward_mean"))
     far = base_len - cur_len >= c.length_drop_min or cur_len <= c.length_empty_max  # a short answer can only empty
     if base_len > 0 and cur_len < (1 - c.length_drop) * base_len and far and cur_r > base_r + c.reward_rise:
         return Finding(f"completion length fell {1 - cur_len / base_len:.0%} ({base_len:.1f} -> {cur_len:.1f} tokens) "
@@ -346,9 +298,9 @@ def length_explosion(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     cap that is tight from the start is the truncation warning, not this."""
     if len(h) <= c.baseline_steps:
         return None
-    t_base, t_now = _mean(_vals(h[: c.baseline_steps], "truncated_frac")), h[-1].get("truncated_frac")
-    l_base, l_now = _mean(_vals(h[: c.baseline_steps], "completion_len")), h[-1].get("completion_len")
-    if not (_finite(t_now) and _finite(l_now)) or math.isnan(t_base) or not l_base > 0:
+    t_base, t_now = mean(vals(h[: c.baseline_steps], "truncated_frac")), h[-1].get("truncated_frac")
+    l_base, l_now = mean(vals(h[: c.baseline_steps], "completion_len")), h[-1].get("completion_len")
+    if not (finite(t_now) and finite(l_now)) or math.isnan(t_base) or not l_base > 0:
         return None
     if (t_base < c.length_explosion_base and t_now > c.length_explosion_trunc
             and l_now > (1 + c.length_explosion_growth) * l_base):
@@ -364,13 +316,13 @@ def tool_use_collapse(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     mean of tool_calls_per_traj falls to a small fraction of its peak window mean), e.g. because
     tool observations only ever hurt its reward or answering directly is paid as well. Silent
     when the agent metrics are absent, and for a task whose agent never used tools."""
-    calls = _vals(h, "tool_calls_per_traj")
-    if len(calls) < 2 * c.window or _window_mean(h, "tool_calls_per_traj", c.window) is None:
+    calls = vals(h, "tool_calls_per_traj")
+    if len(calls) < 2 * c.window or window_mean(h, "tool_calls_per_traj", c.window) is None:
         return None
-    peak = max(_mean(calls[i:i + c.window]) for i in range(len(calls) - c.window + 1))
-    now = _mean(calls[-c.window:])
+    peak = max(mean(calls[i:i + c.window]) for i in range(len(calls) - c.window + 1))
+    now = mean(calls[-c.window:])
     if peak >= c.tool_used_min and now < c.tool_collapse_frac * peak:
-        obs = _window_mean(h, "obs_token_frac", c.window)
+        obs = window_mean(h, "obs_token_frac", c.window)
         seen = f"; tool output is {obs:.0%} of the completion tokens" if obs is not None else ""
         return Finding(f"tool calls per trajectory fell to {now:.3g} (mean of the last {c.window} steps) from a "
                        f"peak of {peak:.3g}: the agent stopped using its tools{seen}",
@@ -384,7 +336,7 @@ def tool_loop(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     agent.max_turns (window mean of max_turns_frac). Not the share of tool output in the
     completions: a search agent that reads two passages per call is 85-92% observation tokens
     when healthy. Silent when the agent metrics are absent."""
-    pin = _window_mean(h, "max_turns_frac", c.window)
+    pin = window_mean(h, "max_turns_frac", c.window)
     if pin is not None and pin > c.max_turns_pin:
         return Finding(f"{pin:.0%} of trajectories used all agent.max_turns (mean of the last {c.window} steps): "
                        "the agent does not finish",
@@ -397,8 +349,8 @@ def tool_errors(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """Multi-turn runs: most tool calls fail (malformed calls or tool exceptions) over a window,
     while the agent does call tools (a single failed call in a batch that hardly calls any is
     not a trend). Silent when tool_error_rate is absent."""
-    e = _window_mean(h, "tool_error_rate", c.window)
-    calls = _window_mean(h, "tool_calls_per_traj", c.window)
+    e = window_mean(h, "tool_error_rate", c.window)
+    calls = window_mean(h, "tool_calls_per_traj", c.window)
     if e is not None and e > c.tool_error_max and (calls is None or calls >= c.tool_error_min_calls):
         per = f" at {calls:.2g} calls per trajectory" if calls is not None else ""
         return Finding(f"{e:.0%} of tool calls failed (mean of the last {c.window} steps){per}",
@@ -412,10 +364,10 @@ SANDBOX_GAMED = ("no_code", "exit_call", "output_limit")
 
 def _gamed_share(rows: list[dict]) -> Optional[tuple[float, dict[str, float]]]:
     """(share of completions that look gamed, share per kind) over `rows`' sandbox counts; None without them."""
-    runs = sum(sum(_vals(rows, f"sandbox/{k}")) for k in SANDBOX_RUNS)
+    runs = sum(sum(vals(rows, f"sandbox/{k}")) for k in SANDBOX_RUNS)
     if not runs:
         return None
-    kinds = {k: sum(_vals(rows, f"sandbox/{k}")) / runs for k in SANDBOX_GAMED}
+    kinds = {k: sum(vals(rows, f"sandbox/{k}")) / runs for k in SANDBOX_GAMED}
     return min(1.0, sum(kinds.values())), kinds
 
 
@@ -430,7 +382,7 @@ def sandbox_gaming(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     base, cur = _gamed_share(h[: c.baseline_steps]), _gamed_share(h[-c.window:])
     if base is None or cur is None:
         return None
-    base_r, cur_r = _mean(_vals(h[: c.baseline_steps], "reward_mean")), _mean(_vals(h[-c.window:], "reward_mean"))
+    base_r, cur_r = mean(vals(h[: c.baseline_steps], "reward_mean")), mean(vals(h[-c.window:], "reward_mean"))
     if cur[0] >= c.gaming_share_min and cur[0] - base[0] >= c.gaming_rise and cur_r > base_r + c.reward_rise:
         kinds = ", ".join(f"{k} {v:.0%}" for k, v in cur[1].items() if v)
         return Finding(f"{cur[0]:.0%} of completions game the sandbox ({kinds}; {base[0]:.0%} early on) while "
@@ -442,7 +394,7 @@ def sandbox_gaming(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 
 def truncation(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """A notice (warning): a share of completions hits max_new_tokens; their answers are cut."""
-    t = _window_mean(h, "truncated_frac", min(c.window, len(h)))
+    t = window_mean(h, "truncated_frac", min(c.window, len(h)))
     if t is not None and t > c.truncation_max:
         return Finding(f"{t:.0%} of completions hit rollout.max_new_tokens (mean of the last {min(c.window, len(h))} "
                        "steps)", "raise rollout.max_new_tokens, or shape it: algo.overlong_buffer / algo.mask_truncated=true")
@@ -460,20 +412,20 @@ def offpolicy_drift(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     sampling is thrown away (stale_dropped_groups / (train_groups + stale_dropped_groups) over the window above
     OFFPOLICY_DROPPED_MAX). Silent on a synchronous run (no staleness metrics)."""
     now = h[-c.window:]
-    if len(now) < c.window or not all(_finite(r.get("staleness_mean")) for r in now):
+    if len(now) < c.window or not all(finite(r.get("staleness_mean")) for r in now):
         return None
     action = ("lower rollout.max_staleness (1 is one-step-off), or switch algo.off_policy (decoupled caps each "
               "token's weight at algo.off_policy_cap; bypass needs no weight at all)")
-    ess = _window_mean(h, "offpolicy_ess", c.window)
-    lag = _mean(_vals(now, "staleness_mean"))
+    ess = window_mean(h, "offpolicy_ess", c.window)
+    lag = mean(vals(now, "staleness_mean"))
     if ess is not None and ess < OFFPOLICY_ESS_MIN:
-        cap = _window_mean(h, "offpolicy_capped_frac", c.window)
+        cap = window_mean(h, "offpolicy_capped_frac", c.window)
         capped = f", {cap:.0%} of tokens above the cap" if cap is not None else ""
         return Finding(f"effective sample size of the behaviour weights {ess:.2f} (mean of the last {c.window} "
                        f"steps, < {OFFPOLICY_ESS_MIN:g}) at a mean staleness of {lag:.2f} policy versions{capped}: "
                        "a few tokens carry the update", action)
-    dropped = sum(_vals(now, "stale_dropped_groups"))
-    trained = sum(_vals(now, "train_groups"))
+    dropped = sum(vals(now, "stale_dropped_groups"))
+    trained = sum(vals(now, "train_groups"))
     share = dropped / (dropped + trained) if dropped + trained else 0.0
     if dropped and share > OFFPOLICY_DROPPED_MAX:
         return Finding(f"{share:.0%} of the groups were dropped as too stale over the last {c.window} steps "
