@@ -29,8 +29,8 @@ def build(cfg, run: RunDir, resume: bool = False) -> Trainer:
         log.info("continuing %s from %s (step %d)", run.path, data.path.name, trainer.state.step)
         if resume:
             note_resume(run, step=trainer.state.step, checkpoint=data.path.name)
-    elif carried := read_summary(run).get("details", {}).get("eval_before_from"):  # tinyrl.methods.chain
-        trainer.state.eval_before, trainer.state.eval_before_from = read_summary(run)["eval_before"], carried
+    elif carried := (prior := read_summary(run)).get("details", {}).get("eval_before_from"):  # tinyrl.methods.chain
+        trainer.state.eval_before, trainer.state.eval_before_from = prior["eval_before"], carried
     if dist.is_main:
         for name in STEP_LOGS:
             truncate_jsonl(run.path / name, trainer.state.step)  # rows after the checkpoint (all, from scratch)
