@@ -71,8 +71,11 @@ def test_the_engine_loads_an_adapter_version_and_names_it_in_every_request(tmp_p
         out = eng.sample([[5, 6], [9]], SamplingParams(max_new_tokens=8), n=2)
         assert [[s.token_ids for s in g] for g in out] == [[[7, 8, 9, EOS]] * 2, [[10, 11, 12, EOS]] * 2]
         assert out[0][0].logprobs == pytest.approx([-0.51, -0.52, -0.53, -0.54]) and out[0][0].finish == "eos"
-        body = fake.posts("/v1/completions")[0]
-        assert body["model"] == first and body["prompt"] == [5, 6] and body["return_tokens_as_token_ids"]
+        # the requests go out side by side: the fake records them in the order they arrived, so find one by its prompt
+        posted = fake.posts("/v1/completions")
+        assert sorted(b["prompt"] for b in posted) == [[5, 6], [5, 6], [9], [9]]
+        body = next(b for b in posted if b["prompt"] == [5, 6])
+        assert all(b["model"] == first for b in posted) and body["return_tokens_as_token_ids"]
         assert body["logprobs"] == 0 and body["stop_token_ids"] == [EOS] and body["temperature"] == 1.0
         eng._model.step()  # an optimiser step, then the trainer's sync
         eng.sync(eng._model)
