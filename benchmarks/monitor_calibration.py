@@ -3,6 +3,7 @@
     nice -n 10 python benchmarks/monitor_calibration.py [--out DIR] [--seeds 0 1 2 3 4 5] [--jobs 2]
                                                         [--cases tiny_grpo_cpu tiny_kl_blowup_cpu ...] [--json F]
     python benchmarks/monitor_calibration.py --replay DIR     # no training: re-run the monitor
+    python benchmarks/monitor_calibration.py --replay DIR --export tests/data/monitor/broken  # traces for the tests
     python benchmarks/monitor_calibration.py --smoke [--json F]  # the whole path in about a minute (SMOKE)
 
 The default --cases are the tiny-arith presets (a 100-step healthy run is ~2 min on a free core,
@@ -108,6 +109,7 @@ CASES: dict[str, Case] = {
     "tiny_sft_grpo_cpu": Case("tiny_sft_grpo_cpu"),  # the GRPO stage after an SFT cold start
     SMOLLM: Case(SMOLLM),
     "tiny_search_cpu": Case("tiny_search_cpu"),  # the search agent (multi-turn tools): the agent rules' healthy case
+    "tiny_code_cpu": Case("tiny_code_cpu", seeds=(0, 1, 2)),  # code in the sandbox: rewards are shares of asserts
     "tiny_collapse_cpu": Case("tiny_collapse_cpu", ("lazy_likelihood",), reward_collapse(), ("lazy_likelihood",),
                               seeds=(0,)),
     "tiny_entropy_collapse_cpu": Case("tiny_entropy_collapse_cpu", ("entropy_collapse",), seeds=(0,)),
@@ -402,6 +404,30 @@ def report(out: Path, json_path: Optional[str]) -> bool:
     return ok
 
 
+def export(out: Path, dest: Path) -> None:
+    """Copy each finished run's metrics rows to DEST/<run>.jsonl, for the tests to replay; a broken case also gets
+    its entry in DEST/cases.json (its preset, overrides, the alarms it must raise and its damage step), merged
+    with the entries already there."""
+    from tinyrl.runs import read_jsonl
+
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest_path = dest / "cases.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    for path in sorted(p for p in out.iterdir() if finished(p)):
+        spec = json.loads((path / "case.json").read_text())
+        rows = [r for r in read_jsonl(metrics_file(path)) if "step" in r]
+        (dest / f"{spec['name']}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        case = CASES.get(case_of(spec))
+        if case is not None and not case.healthy:
+            manifest[f"{spec['name']}.jsonl"] = {
+                "preset": spec["preset"], "overrides": spec["overrides"], "expect": list(case.expect),
+                "before_damage": list(case.before_damage), "damage_step": case.damage(rows) if case.damage else None,
+                "damage": case.damage.__doc__ if case.damage else None}
+        print(f"  exported {spec['name']} ({len(rows)} steps) to {dest}")
+    if manifest:
+        manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
@@ -413,22 +439,31 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--replay", metavar="DIR", help="no training: replay the monitor over the runs in DIR")
     ap.add_argument("--json")
+    ap.add_argument("--export", metavar="DEST", help="also copy the runs' traces (and broken cases' specs) to DEST, "
+                                                      "e.g. tests/data/monitor/broken for the replay tests")
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child))
     if args.replay:
-        sys.exit(0 if report(Path(args.replay), args.json) else 1)
+        ok = report(Path(args.replay), args.json)
+        if args.export:
+            export(Path(args.replay), Path(args.export))
+        sys.exit(0 if ok else 1)
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="tinyrl-monitor-smoke-") as tmp:
             out = Path(args.out or tmp)
             run_cases([(replace(CASES[n], overrides={**CASES[n].overrides, **o}), 0) for n, o in SMOKE.items()],
                       out, args.jobs)
             ok = report(out, args.json)
+            export(out, Path(args.export) if args.export else out / "traces")  # the tests' traces, as a user makes them
         sys.exit(0 if ok else 1)
     out = Path(args.out or "runs/monitor-calibration")
     cases = [(CASES[n], s) for n in args.cases for s in (args.seeds or CASES[n].seeds or range(6))]
     run_cases(cases, out, args.jobs)
-    sys.exit(0 if report(out, args.json) else 1)
+    ok = report(out, args.json)
+    if args.export:
+        export(out, Path(args.export))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

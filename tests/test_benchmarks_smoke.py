@@ -158,6 +158,7 @@ def check_monitor_calibration(d, stdout):
     assert not [a for a in runs["tiny_grpo_cpu"]["fired"] if a.get("severity", "alarm") == "alarm"]
     assert "stale_weights" in {a["name"] for a in runs["tiny_stale_weights_cpu"]["fired"]}
     assert "result: all checks pass" in stdout
+    assert "exported tiny_grpo_cpu-s0 (3 steps)" in stdout and "exported tiny_stale_weights_cpu-s0 (" in stdout
 
 
 def check_async_rollout(d, stdout):

@@ -309,8 +309,9 @@ def test_agent_rules_are_silent_without_agent_metrics():
 TRACES = Path(__file__).parent / "data" / "monitor"
 
 
-@pytest.mark.parametrize("preset, steps", [("tiny_grpo_cpu", 100), ("tiny_search_cpu", 60)])
-def test_no_alarm_over_the_metric_traces_of_real_healthy_runs(preset, steps):
+@pytest.mark.parametrize("preset, steps, seeds", [("tiny_grpo_cpu", 100, 6), ("tiny_search_cpu", 60, 6),
+                                                  ("smollm2-135m_search_cpu", 4, 3), ("tiny_code_cpu", 25, 3)])
+def test_no_alarm_over_the_metric_traces_of_real_healthy_runs(preset, steps, seeds):
     """metrics.jsonl of tiny_grpo_cpu (100 steps) and of the search agent tiny_search_cpu (60
     steps, multi-turn), seeds 0-5 (written by benchmarks/monitor_calibration.py; the keys the
     rules read, 5 significant digits). The thresholds were set from these with margin: e.g. the
@@ -320,9 +321,10 @@ def test_no_alarm_over_the_metric_traces_of_real_healthy_runs(preset, steps):
     search agent (the shipped model as of 2026-12-04) goes from a reward of ~0.15 to ~0.46 while
     its token entropy falls from ~0.9 to 0.29-0.36 nats (the closest any healthy trace comes to
     entropy_collapse: a single step under both limits), and tool output is 62-92% of its
-    completions."""
+    completions. The SmolLM2 search agent's traces are the GRPO stage of the shipped preset after its SFT cold
+    start (4 steps at lr 2e-5, seeds 0-2, held-out EM 80 / 84 / 66%); tiny_code_cpu's are its 25 steps, seeds 0-2."""
     paths = sorted(TRACES.glob(f"{preset}-s*.jsonl"))
-    assert len(paths) == 6
+    assert len(paths) == seeds
     for path in paths:
         rows = read_jsonl(path)
         assert len(rows) == steps and "update_kl" in rows[0]
@@ -358,6 +360,36 @@ def test_smollm2_learning_is_not_entropy_collapse_and_the_tiny_collapse_still_is
     collapse = read_jsonl(TRACES / "broken" / "tiny_entropy_collapse_cpu-s0.jsonl")
     fired = [a for a in replay(collapse) if a["name"] == "entropy_collapse"]
     assert fired[0]["step"] == 21 and "wrong samples" in fired[0]["evidence"]  # (again at 72: after the cool-down)
+
+
+BROKEN = json.loads((TRACES / "broken" / "cases.json").read_text())
+
+
+@pytest.mark.parametrize("trace", sorted(BROKEN))
+def test_each_broken_real_model_trace_raises_its_alarm_before_its_damage(trace):
+    """The SmolLM2 preset broken on purpose, one variant per alarm (benchmarks/monitor_calibration.py
+    SMOLLM_BROKEN, exported with --export tests/data/monitor/broken): replayed under its own monitor config, each
+    raises the alarm it must, before its damage step where the rule promises that. Fails when a threshold moves
+    so that a broken run goes quiet or is caught late."""
+    from tinyrl.config import load_config
+
+    spec = BROKEN[trace]
+    rows = read_jsonl(TRACES / "broken" / trace)
+    fired = replay(rows, load_config(spec["preset"], dict(spec["overrides"]))[1].monitor)
+    first: dict[str, int] = {}
+    for a in fired:
+        if a.get("severity", "alarm") == "alarm":
+            first.setdefault(a["name"], a["step"])
+    for name in spec["expect"]:
+        assert name in first, (trace, name, fired)
+        if name in spec["before_damage"] and spec["damage_step"] is not None:
+            assert first[name] < spec["damage_step"], (trace, name, first[name], spec["damage_step"], spec["damage"])
+
+
+def test_every_alarm_that_can_fire_on_smollm2_has_a_broken_trace():
+    assert {spec["preset"] for spec in BROKEN.values()} == {"smollm2-135m_grpo_cpu"}
+    assert sorted(n for spec in BROKEN.values() for n in spec["expect"]) == sorted([
+        "stale_weights", "entropy_collapse", "kl_blowup", "lazy_likelihood", "length_explosion", "advantage_collapse"])
 
 
 def test_stale_weights_is_fatal_unless_switched_off():

@@ -251,7 +251,10 @@ def kl_blowup(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
 def stale_weights(h: list[dict], c: MonitorConfig) -> Optional[Finding]:
     """The canary: the rollout engine's logprobs disagree with the trainer's right after a weight
     sync. Every row from step 2 on is measured on rollouts sampled after the previous step's sync;
-    step 1 samples from the initial weights both sides share, so its mismatch is the noise floor."""
+    step 1 samples from the initial weights both sides share, so its mismatch is the noise floor. The limit is the
+    larger of an absolute one (monitor.stale_k3, 1e-4: above what an engine with the trainer's numerics ever
+    reads, under what one small update on stale weights does) and 10x that floor (an engine with its own
+    numerics, bf16 kernels, shows them at step 1 already)."""
     last = h[-1]
     k3, md = last.get("rollout_trainer_k3"), last.get("rollout_trainer_maxdiff")
     if last.get("step", 0) < 2 or not finite(k3):
