@@ -103,6 +103,9 @@ class Case:
     def healthy(self) -> bool:
         return not self.expect
 
+    def damage_step(self, rows: list[dict]) -> Optional[int]:
+        return self.damage(rows) if self.damage else None
+
 
 CASES: dict[str, Case] = {
     "tiny_grpo_cpu": Case("tiny_grpo_cpu"),
@@ -218,6 +221,10 @@ def case_of(spec: dict) -> str:
     return spec.get("case", spec["preset"])
 
 
+def finished_runs(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if finished(p)) if out.is_dir() else []
+
+
 def replay(path: Path) -> tuple[dict, list[dict], list[dict]]:
     """(case spec, metrics rows, what the monitor raises on them now: Alarm dicts)."""
     from tinyrl.config import load_config
@@ -317,7 +324,7 @@ def confusion(results: list[tuple[dict, list[dict], list[dict]]], cases: dict) -
     lines = [head, "-" * len(head)]
     for spec, rows, fired in results:
         case = cases.get(case_of(spec))
-        dmg = case.damage(rows) if case and case.damage else None
+        dmg = case.damage_step(rows) if case else None
         first: dict[str, str] = {}
         for a in fired:
             first.setdefault(a["name"], f"{a['step']}{'w' if a.get('severity') == 'warning' else ''}")
@@ -341,7 +348,7 @@ def checks(results, cases) -> tuple[list[str], bool]:
             lines.append(f"  {'ok ' if good else 'BAD'} {spec['name']}: {what}" + (f" (warnings, not alarms: {', '.join(warns)})" if warns else ""))
             ok &= good
             continue
-        dmg = case.damage(rows) if case.damage else None
+        dmg = case.damage_step(rows)
         first = {}
         for a in alarms:
             first.setdefault(a["name"], a["step"])
@@ -381,11 +388,12 @@ def headroom(results, cases) -> list[str]:
     return lines
 
 
-def report(out: Path, json_path: Optional[str]) -> bool:
-    runs = sorted(p for p in out.iterdir() if finished(p)) if out.is_dir() else []
+def report(out: Path, json_path: Optional[str]) -> tuple[bool, list[tuple[dict, list[dict], list[dict]]]]:
+    """Print the tables and checks for the finished runs in OUT; (whether every check passed, the replays)."""
+    runs = finished_runs(out)
     if not runs:
         print(f"no finished runs in {out}")
-        return False
+        return False, []
     results = [replay(p) for p in runs]
     order = {n: i for i, n in enumerate(CASES)}
     results.sort(key=lambda x: (order.get(case_of(x[0]), 99), x[0]["seed"]))
@@ -401,31 +409,35 @@ def report(out: Path, json_path: Optional[str]) -> bool:
     print(f"\nresult: {'all checks pass' if ok else 'SOME CHECKS FAIL'}")
     if json_path:
         Path(json_path).write_text(json.dumps([{"case": s, "fired": f, "steps": len(r)} for s, r, f in results], indent=1))
-    return ok
+    return ok, results
 
 
-def export(out: Path, dest: Path) -> None:
-    """Copy each finished run's metrics rows to DEST/<run>.jsonl, for the tests to replay; a broken case also gets
+def export(results: list[tuple[dict, list[dict], list[dict]]], dest: Path) -> None:
+    """Write each replayed run's metrics rows to DEST/<run>.jsonl, for the tests to replay; a broken case also gets
     its entry in DEST/cases.json (its preset, overrides, the alarms it must raise and its damage step), merged
     with the entries already there."""
-    from tinyrl.runs import read_jsonl
-
     dest.mkdir(parents=True, exist_ok=True)
     manifest_path = dest / "cases.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    for path in sorted(p for p in out.iterdir() if finished(p)):
-        spec = json.loads((path / "case.json").read_text())
-        rows = [r for r in read_jsonl(metrics_file(path)) if "step" in r]
+    for spec, rows, _ in results:
         (dest / f"{spec['name']}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         case = CASES.get(case_of(spec))
         if case is not None and not case.healthy:
             manifest[f"{spec['name']}.jsonl"] = {
                 "preset": spec["preset"], "overrides": spec["overrides"], "expect": list(case.expect),
-                "before_damage": list(case.before_damage), "damage_step": case.damage(rows) if case.damage else None,
+                "before_damage": list(case.before_damage), "damage_step": case.damage_step(rows),
                 "damage": case.damage.__doc__ if case.damage else None}
         print(f"  exported {spec['name']} ({len(rows)} steps) to {dest}")
     if manifest:
         manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+
+
+def finish(out: Path, json_path: Optional[str], export_to: Optional[Path]) -> bool:
+    """Report on the runs in OUT, export their traces where asked; whether every check passed."""
+    ok, results = report(out, json_path)
+    if export_to is not None:
+        export(results, export_to)
+    return ok
 
 
 def main() -> None:
@@ -444,26 +456,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child))
+    export_to = Path(args.export) if args.export else None
     if args.replay:
-        ok = report(Path(args.replay), args.json)
-        if args.export:
-            export(Path(args.replay), Path(args.export))
-        sys.exit(0 if ok else 1)
+        sys.exit(0 if finish(Path(args.replay), args.json, export_to) else 1)
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="tinyrl-monitor-smoke-") as tmp:
             out = Path(args.out or tmp)
             run_cases([(replace(CASES[n], overrides={**CASES[n].overrides, **o}), 0) for n, o in SMOKE.items()],
                       out, args.jobs)
-            ok = report(out, args.json)
-            export(out, Path(args.export) if args.export else out / "traces")  # the tests' traces, as a user makes them
+            ok = finish(out, args.json, export_to or out / "traces")  # the tests' traces, as a user makes them
         sys.exit(0 if ok else 1)
     out = Path(args.out or "runs/monitor-calibration")
     cases = [(CASES[n], s) for n in args.cases for s in (args.seeds or CASES[n].seeds or range(6))]
     run_cases(cases, out, args.jobs)
-    ok = report(out, args.json)
-    if args.export:
-        export(out, Path(args.export))
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if finish(out, args.json, export_to) else 1)
 
 
 if __name__ == "__main__":
