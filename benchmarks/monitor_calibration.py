@@ -432,6 +432,29 @@ def export(results: list[tuple[dict, list[dict], list[dict]]], dest: Path) -> No
         manifest_path.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
 
 
+def export_dest(value: str) -> Path:
+    """--export's folder, checked before any run starts: a name, not an existing file (a FIFO, a device), and a
+    cases.json there that is a JSON object of cases (the export merges into it)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("needs a folder name, got an empty one")
+    dest = Path(value)
+    if any(len(os.fsencode(part)) > 255 for part in dest.parts):
+        raise argparse.ArgumentTypeError(f"a name in {value[:60]!r}... is over 255 bytes")
+    if dest.exists() and not dest.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} exists and is not a folder")
+    manifest = dest / "cases.json"
+    if manifest.exists() or manifest.is_symlink():
+        if not manifest.is_file():
+            raise argparse.ArgumentTypeError(f"{manifest} is not a regular file")
+        try:
+            cases = json.loads(manifest.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(f"{manifest} cannot be read as JSON: {e}") from None
+        if not isinstance(cases, dict):
+            raise argparse.ArgumentTypeError(f"{manifest} holds a {type(cases).__name__}, not an object of cases")
+    return dest
+
+
 def finish(out: Path, json_path: Optional[str], export_to: Optional[Path]) -> bool:
     """Report on the runs in OUT, export their traces where asked; whether every check passed."""
     ok, results = report(out, json_path)
@@ -451,12 +474,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--replay", metavar="DIR", help="no training: replay the monitor over the runs in DIR")
     ap.add_argument("--json")
-    ap.add_argument("--export", metavar="DEST", help="also copy the runs' traces (and broken cases' specs) to DEST, "
+    ap.add_argument("--export", metavar="DEST", type=export_dest, help="also copy the runs' traces (and broken cases' specs) to DEST, "
                                                       "e.g. tests/data/monitor/broken for the replay tests")
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child))
-    export_to = Path(args.export) if args.export else None
+    export_to = args.export
     if args.replay:
         sys.exit(0 if finish(Path(args.replay), args.json, export_to) else 1)
     if args.smoke:

@@ -264,3 +264,43 @@ def test_server_rollout_serves_a_gguf_presets_model_from_a_float_copy(tmp_path):
     assert torch.allclose(got, want, atol=1e-5), float((got - want).abs().max())
     assert server_rollout.gguf_to_folder("tiny_grpo_cpu", tmp_path / "none") is None
     assert not (tmp_path / "none").exists()
+
+
+def _bad_export(tmp: Path, kind: str) -> tuple[str, str]:
+    """(the --export value, words the refusal must hold) for one bad destination, built in tmp."""
+    if kind == "empty":
+        return "", "empty"
+    if kind == "blank":
+        return "   ", "empty"
+    if kind == "a file":
+        (tmp / "f.txt").write_text("x")
+        return str(tmp / "f.txt"), "is not a folder"
+    if kind == "a FIFO":
+        os.mkfifo(tmp / "pipe")
+        return str(tmp / "pipe"), "is not a folder"
+    if kind == "a device":
+        return "/dev/null", "is not a folder"
+    if kind == "a name over 255 bytes":
+        return str(tmp / ("x" * 300)), "over 255 bytes"
+    (tmp / "d").mkdir()
+    manifest = tmp / "d" / "cases.json"
+    if kind == "cases.json a FIFO":  # reading it would block: refused unread
+        os.mkfifo(manifest)
+        return str(tmp / "d"), "not a regular file"
+    manifest.write_text({"cases.json not JSON": "[1,", "cases.json a list": "[1]",
+                         "cases.json a format spec": "%s{0}"}[kind])
+    return str(tmp / "d"), "cases.json"
+
+
+@pytest.mark.parametrize("kind", ["empty", "blank", "a file", "a FIFO", "a device", "a name over 255 bytes",
+                                  "cases.json a FIFO", "cases.json not JSON", "cases.json a list",
+                                  "cases.json a format spec"])
+def test_monitor_calibration_refuses_a_bad_export_folder_before_any_run(tmp_path, kind):
+    """--export is checked as the command line is read (before runs that can take hours): the refusal names the
+    option and what is wrong, exit 2, no traceback, nothing written."""
+    value, words = _bad_export(tmp_path, kind)
+    before = sorted(tmp_path.rglob("*"))
+    p = subprocess.run([sys.executable, "benchmarks/monitor_calibration.py", "--replay", str(tmp_path / "none"),
+                        "--export", value], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "argument --export" in p.stderr and words in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and sorted(tmp_path.rglob("*")) == before
