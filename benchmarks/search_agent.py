@@ -50,7 +50,7 @@ SMOKE = {"train.steps": 2, "train.prompts_per_step": 4, "rollout.num_generations
 @dataclass(frozen=True)
 class Target:
     """What every seed's `agent` arm must reach: a gain of `points`, or an EM of `em` (percent), in `seconds`, with
-    `overrides` (what the target is judged on, e.g. the number of held-out questions; the command line's win)."""
+    `overrides` (what the target is judged on, e.g. the number of held-out questions; overrides on the command line win over them)."""
     seconds: float
     points: float | None = None
     em: float | None = None
